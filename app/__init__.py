@@ -1,0 +1,1 @@
+"""The serving process: dispatcher, OpenAI-style API and Gradio page on one event loop."""

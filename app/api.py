@@ -1,0 +1,206 @@
+"""OpenAI-compatible HTTP API and the health endpoint, on the same dispatcher as the page.
+
+    POST /v1/chat/completions   stream (server-sent events) or one JSON response
+    GET  /v1/models             the one model being served
+    GET  /health                readiness, model, and each worker's pid, cores, threads, state
+
+Out-of-range fields are refused with 422 by the request model (the limits are the ones in
+``app.validation``); a message the model cannot take gets 400; a busy server 503 with
+Retry-After. Both the last streamed chunk and the plain response carry ``usage`` and a
+``metrics`` object (worker, prompt/completion tokens, TTFT, decode tokens/s).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Literal
+
+from fastapi import APIRouter, HTTPException
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, Field
+
+from app.dispatcher import Dispatcher, Queued, QueueFull
+from app.validation import (
+    MAX_MESSAGE_CHARS,
+    MAX_MESSAGES,
+    MAX_NEW_TOKENS,
+    REPETITION_PENALTY_RANGE,
+    TEMPERATURE_RANGE,
+    TOP_K_RANGE,
+    TOP_P_RANGE,
+    InvalidInput,
+    check_message,
+    clean_text,
+)
+from workers.loader import ResolvedModel
+from workers.protocol import ChatMessage, Chunk, Done, ErrorCode, Failed, Notice, SamplingParams
+
+STATUS_FOR = {ErrorCode.INVALID_REQUEST: 400, ErrorCode.UNAVAILABLE: 503, ErrorCode.INTERNAL: 500}
+
+
+class MessageIn(BaseModel):
+    role: Literal["system", "user", "assistant"]
+    content: str = Field(max_length=MAX_MESSAGE_CHARS)
+
+
+class ChatRequest(BaseModel):
+    model: str | None = None  # accepted for compatibility; one model is served
+    messages: list[MessageIn] = Field(min_length=1, max_length=MAX_MESSAGES)
+    stream: bool = False
+    temperature: float | None = Field(None, ge=TEMPERATURE_RANGE[0], le=TEMPERATURE_RANGE[1])
+    top_p: float | None = Field(None, ge=TOP_P_RANGE[0], le=TOP_P_RANGE[1])
+    top_k: int | None = Field(None, ge=TOP_K_RANGE[0], le=TOP_K_RANGE[1])
+    repetition_penalty: float | None = Field(
+        None, ge=REPETITION_PENALTY_RANGE[0], le=REPETITION_PENALTY_RANGE[1]
+    )
+    max_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS)
+    seed: int | None = None
+    session_id: str | None = Field(None, max_length=128, description="reuse this conversation's KV cache")
+
+    def sampling(self, defaults: SamplingParams) -> SamplingParams:
+        given = {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "repetition_penalty": self.repetition_penalty,
+            "max_new_tokens": self.max_completion_tokens or self.max_tokens,
+            "seed": self.seed,
+        }
+        return dataclasses.replace(defaults, **{k: v for k, v in given.items() if v is not None})
+
+    def chat_messages(self) -> list[ChatMessage]:
+        if self.messages[-1].role != "user":
+            raise InvalidInput("The last message must be the user's.")
+        *history, last = self.messages
+        return [ChatMessage(m.role, clean_text(m.content)) for m in history] + [
+            ChatMessage("user", check_message(last.content))
+        ]
+
+
+def usage(done: Done) -> dict:
+    m = done.metrics
+    return {
+        "prompt_tokens": m.prompt_tokens,
+        "completion_tokens": m.completion_tokens,
+        "total_tokens": m.prompt_tokens + m.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": m.cached_prompt_tokens},
+    }
+
+
+def metrics(done: Done) -> dict:
+    return {k: round(v, 2) if isinstance(v, float) else v for k, v in dataclasses.asdict(done.metrics).items()}
+
+
+def build_router(dispatcher: Dispatcher, model: ResolvedModel, defaults: SamplingParams) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/health")
+    async def health() -> dict:
+        return {
+            "ready": dispatcher.ready_count > 0,
+            "workers_ready": dispatcher.ready_count,
+            "model": model.name,
+            "model_source": model.source,
+            "model_reason": model.reason,
+            "queue_depth": dispatcher.queue_depth,
+            "workers": dispatcher.describe(),
+        }
+
+    @router.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": model.name, "object": "model", "owned_by": "local"}]}
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(req: ChatRequest):
+        try:
+            messages = req.chat_messages()
+        except InvalidInput as exc:
+            raise HTTPException(400, str(exc)) from exc
+        events = dispatcher.stream(messages, req.sampling(defaults), req.session_id)
+        completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+        try:
+            first = await anext(events)  # queue-full and prompt errors become HTTP status codes
+        except QueueFull as exc:
+            raise HTTPException(503, str(exc), headers={"Retry-After": "5"}) from exc
+        if isinstance(first, Failed):
+            raise HTTPException(STATUS_FOR[first.code], first.message)
+        if req.stream:
+            return StreamingResponse(
+                sse(completion_id, model.name, first, events), media_type="text/event-stream"
+            )
+        return await complete(completion_id, model.name, first, events)
+
+    return router
+
+
+async def _chain(first, rest: AsyncIterator) -> AsyncIterator:
+    yield first
+    async for event in rest:
+        yield event
+
+
+async def complete(completion_id: str, model_name: str, first, events: AsyncIterator) -> JSONResponse:
+    text, notices = [], []
+    try:
+        async for event in _chain(first, events):
+            if isinstance(event, Chunk):
+                text.append(event.text)
+            elif isinstance(event, Notice):
+                notices.append(event.text)
+            elif isinstance(event, Failed):
+                raise HTTPException(STATUS_FOR[event.code], event.message)
+            elif isinstance(event, Done):
+                return JSONResponse({
+                    "id": completion_id,
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": model_name,
+                    "choices": [{
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "".join(text)},
+                        "finish_reason": event.finish_reason.value,
+                    }],
+                    "usage": usage(event),
+                    "metrics": metrics(event),
+                    "notices": notices,
+                })
+    finally:
+        await events.aclose()
+    raise HTTPException(500, "the generation ended without a result")
+
+
+async def sse(completion_id: str, model_name: str, first, events: AsyncIterator) -> AsyncIterator[str]:
+    """Server-sent events in the OpenAI chunk format; a client that disconnects cancels."""
+
+    def chunk(delta: dict, finish: str | None = None, **extra) -> str:
+        body = {
+            "id": completion_id,
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": model_name,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            **extra,
+        }
+        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+    yield chunk({"role": "assistant", "content": ""})
+    try:
+        async for event in _chain(first, events):
+            if isinstance(event, Queued):
+                yield f": waiting for a free worker, position {event.position}\n\n"
+            elif isinstance(event, Chunk):
+                yield chunk({"content": event.text})
+            elif isinstance(event, Notice):
+                yield chunk({}, notice=event.text)
+            elif isinstance(event, Failed):
+                yield f"data: {json.dumps({'error': {'message': event.message, 'type': event.code.value}})}\n\n"
+            elif isinstance(event, Done):
+                yield chunk({}, event.finish_reason.value, usage=usage(event), metrics=metrics(event))
+        yield "data: [DONE]\n\n"
+    finally:
+        await events.aclose()  # a dropped connection lands here: the worker gets a Cancel

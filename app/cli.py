@@ -1,0 +1,50 @@
+"""``launch.py``'s flags. Each flag overrides the config file key of the same name."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from app.config import AppConfig, ConfigError, load_config
+
+
+def _count(value: str) -> int | str:
+    return value if value == "auto" else int(value)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="Chat with a small LLM on your CPU.")
+    p.add_argument("--config", type=Path, help="TOML file of defaults (default: configs/default.toml)")
+    p.add_argument("--model", help="hub id (ModelScope), local HF directory, .gguf file, or 'bundled'")
+    p.add_argument("--workers", type=_count, help="worker processes, or 'auto'")
+    p.add_argument("--threads-per-worker", type=_count, help="torch threads (= physical cores) per worker, or 'auto'")
+    p.add_argument("--oversubscribe", action="store_true", default=None,
+                   help="allow workers × threads above the physical core count")
+    p.add_argument("--dtype", choices=["auto", "bfloat16", "float32"])
+    p.add_argument("--host", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int)
+    p.add_argument("--share", action="store_true", default=None, help="create a public Gradio share link")
+    p.add_argument("--max-queue", type=int, help="requests that may wait for a worker")
+    p.add_argument("--system-prompt")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    return p
+
+
+def parse_config(argv: list[str] | None = None) -> AppConfig:
+    args = vars(build_parser().parse_args(argv))
+    path = args.pop("config")
+    return load_config(path, args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        config = parse_config(argv)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from app.server import serve  # heavy imports only once the flags are known to be good
+
+    return serve(config)

@@ -1,0 +1,373 @@
+"""Route each request to one worker process and stream its messages back to that request only.
+
+    stream() ──acquire──▶ idle worker? ──yes──▶ send Generate ──▶ per-request asyncio.Queue ◀── reader thread
+                              │ no                                                        (one per worker pipe)
+                              ▼
+                      FIFO of waiters (bounded); a worker freed by Done/Failed goes to the first
+
+All dispatcher state lives on the event loop thread. Each worker has one reader thread that
+blocks on its pipe (never the event loop) and hands every message to the loop with
+``call_soon_threadsafe``. A worker is busy from ``Generate`` until its ``Done``/``Failed``
+arrives, also after a Stop: the lease follows what the worker is actually doing. A worker
+that dies fails its current request with a clear message and is respawned with backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import threading
+import time
+import uuid
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field, replace
+
+import multiprocess
+
+from workers.cores import WorkerLayout
+from workers.process import WorkerSpec, run_worker
+from workers.protocol import (
+    Cancel,
+    ChatMessage,
+    Chunk,
+    Done,
+    ErrorCode,
+    Failed,
+    FromWorker,
+    Generate,
+    Notice,
+    Ready,
+    SamplingParams,
+    Shutdown,
+)
+
+log = logging.getLogger(__name__)
+
+RESPAWN_BASE_DELAY_S = 0.5
+RESPAWN_MAX_DELAY_S = 30.0
+STABLE_AFTER_S = 60.0  # a worker that lived this long resets its crash backoff
+SHUTDOWN_GRACE_S = 5.0
+STICKY_SESSIONS = 1024  # session -> worker entries remembered for KV cache reuse
+
+
+class WorkerState(str, enum.Enum):
+    STARTING = "starting"
+    IDLE = "idle"
+    BUSY = "busy"
+    DEAD = "dead"
+
+
+class QueueFull(RuntimeError):
+    """Every worker is busy and the wait queue is at its limit; shown to the user."""
+
+
+@dataclass(frozen=True)
+class Queued:
+    """Local event: the request is waiting; ``position`` 1 is next in line."""
+
+    position: int
+
+
+@dataclass
+class WorkerHandle:
+    """The dispatcher's view of one worker process."""
+
+    spec: WorkerSpec
+    process: object = None
+    conn: object = None
+    state: WorkerState = WorkerState.STARTING
+    ready: Ready | None = None
+    current: str | None = None  # request_id being generated
+    served: int = 0
+    restarts: int = 0
+    crashes_in_a_row: int = 0
+    started_at: float = 0.0
+    last_tokens_per_s: float = 0.0
+
+    @property
+    def id(self) -> int:
+        return self.spec.layout.worker_id
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def send(self, msg) -> None:
+        try:
+            self.conn.send(msg)
+        except (OSError, ValueError):  # the worker died; its reader thread reports that
+            log.warning("worker %d: could not send %s (pipe closed)", self.id, type(msg).__name__)
+
+    def describe(self) -> dict:
+        return {
+            "id": self.id,
+            "pid": self.pid,
+            "cores": list(self.ready.cores if self.ready else self.spec.layout.cpus),
+            "threads": self.ready.threads if self.ready else self.spec.layout.threads,
+            "state": self.state.value,
+            "served": self.served,
+            "restarts": self.restarts,
+            "tokens_per_s": round(self.last_tokens_per_s, 1),
+        }
+
+
+def pick_worker(workers: Sequence[WorkerHandle], last: int, prefer: int | None = None) -> WorkerHandle | None:
+    """Round-robin over idle workers, starting after ``last``; ``prefer`` wins when it is idle."""
+    idle = [w for w in workers if w.state is WorkerState.IDLE]
+    if not idle:
+        return None
+    for w in idle:
+        if w.id == prefer:
+            return w
+    return min(idle, key=lambda w: (w.id - last - 1) % len(workers))
+
+
+@dataclass
+class DispatcherConfig:
+    layouts: list[WorkerLayout]
+    model_path: str
+    model_name: str
+    dtype: str
+    max_queue: int = 64
+    engine: dict = field(default_factory=dict)
+    log_level: int = logging.INFO
+
+
+class Dispatcher:
+    def __init__(self, config: DispatcherConfig) -> None:
+        self.config = config
+        self._ctx = multiprocess.get_context("spawn")
+        self.workers = [
+            WorkerHandle(WorkerSpec(layout, config.model_path, config.model_name, config.dtype,
+                                    log_level=config.log_level, engine=config.engine))
+            for layout in config.layouts
+        ]
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiters: deque[asyncio.Future] = deque()
+        self._channels: dict[str, asyncio.Queue] = {}
+        self._sticky: OrderedDict[str, int] = OrderedDict()
+        self._last = -1
+        self._stopping = False
+
+    # lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Spawn every worker; call from the event loop that will serve requests."""
+        self._loop = asyncio.get_running_loop()
+        for worker in self.workers:
+            self._spawn(worker)
+
+    def _spawn(self, worker: WorkerHandle) -> None:
+        parent, child = self._ctx.Pipe(duplex=True)
+        process = self._ctx.Process(target=run_worker, args=(worker.spec, child), daemon=True,
+                                    name=f"chat-worker-{worker.id}")
+        process.start()
+        child.close()  # so the parent sees EOF when the worker dies
+        worker.process, worker.conn = process, parent
+        worker.state, worker.ready, worker.current = WorkerState.STARTING, None, None
+        worker.started_at = time.monotonic()
+        threading.Thread(target=self._read, args=(worker, parent), daemon=True,
+                         name=f"worker-{worker.id}-reader").start()
+        log.info("worker %d: starting (pid %d, cpus %s, %d threads)", worker.id, process.pid,
+                 worker.spec.layout.cpus, worker.spec.layout.threads)
+
+    async def stop(self) -> None:
+        """Ask every worker to exit, then make sure each one has (by pid, never by name)."""
+        self._stopping = True
+        for worker in self.workers:
+            worker.send(Shutdown())
+        deadline = time.monotonic() + SHUTDOWN_GRACE_S
+        for worker in self.workers:
+            if worker.process is None:
+                continue
+            await asyncio.to_thread(worker.process.join, max(0.0, deadline - time.monotonic()))
+            if worker.process.is_alive():
+                log.warning("worker %d did not exit in time; killing pid %d", worker.id, worker.pid)
+                worker.process.kill()
+                await asyncio.to_thread(worker.process.join, 2.0)
+        for channel_id in list(self._channels):
+            self._deliver(Failed(channel_id, "The server is shutting down.", ErrorCode.UNAVAILABLE))
+
+    # reader threads -> loop -----------------------------------------------------------
+
+    def _read(self, worker: WorkerHandle, conn) -> None:
+        """Runs in a thread per worker: block on the pipe, hand messages to the loop."""
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                self._loop.call_soon_threadsafe(self._on_exit, worker, conn)
+                return
+            self._loop.call_soon_threadsafe(self._on_message, worker, msg)
+
+    def _on_message(self, worker: WorkerHandle, msg: FromWorker) -> None:
+        if isinstance(msg, Ready):
+            worker.ready, worker.state = msg, WorkerState.IDLE
+            log.info("worker %d: ready in %.1f s (pid %d, cores %s, %d threads, %s)",
+                     worker.id, msg.load_s, msg.pid, msg.cores, msg.threads, msg.dtype)
+            self._hand_out()
+            return
+        self._deliver(msg)
+        if isinstance(msg, (Done, Failed)) and msg.request_id == worker.current:
+            if isinstance(msg, Done):
+                worker.served += 1
+                worker.last_tokens_per_s = msg.metrics.decode_tokens_per_s
+            worker.current, worker.state = None, WorkerState.IDLE
+            self._hand_out()
+
+    def _deliver(self, msg) -> None:
+        channel = self._channels.get(msg.request_id)
+        if channel is not None:
+            channel.put_nowait(msg)
+            if isinstance(msg, (Done, Failed)):
+                del self._channels[msg.request_id]
+
+    def _on_exit(self, worker: WorkerHandle, conn) -> None:
+        if conn is not worker.conn:  # a stale reader of an already replaced process
+            return
+        worker.state = WorkerState.DEAD
+        worker.process.join(0.1)
+        code = worker.process.exitcode
+        if worker.current is not None:
+            self._deliver(Failed(worker.current, f"The worker generating this reply stopped "
+                                 f"unexpectedly (exit code {code}). It is being restarted; "
+                                 f"please send your message again.", ErrorCode.UNAVAILABLE))
+            worker.current = None
+        if self._stopping:
+            return
+        lived = time.monotonic() - worker.started_at
+        worker.crashes_in_a_row = 0 if lived > STABLE_AFTER_S else worker.crashes_in_a_row + 1
+        delay = min(RESPAWN_MAX_DELAY_S, RESPAWN_BASE_DELAY_S * 2 ** max(0, worker.crashes_in_a_row - 1))
+        log.error("worker %d (pid %s) exited with code %s; restarting in %.1f s",
+                  worker.id, worker.pid, code, delay)
+        worker.restarts += 1
+        self._loop.call_later(delay, self._respawn, worker)
+
+    def _respawn(self, worker: WorkerHandle) -> None:
+        if not self._stopping:
+            self._spawn(worker)
+
+    # leasing --------------------------------------------------------------------------
+
+    def _hand_out(self) -> None:
+        """Give idle workers to waiting requests, first come first served."""
+        while self._waiters:
+            worker = pick_worker(self.workers, self._last)
+            if worker is None:
+                return
+            waiter = self._waiters.popleft()
+            if waiter.done():  # the client gave up while waiting
+                continue
+            self._lease(worker)
+            waiter.set_result(worker)
+
+    def _lease(self, worker: WorkerHandle) -> None:
+        worker.state = WorkerState.BUSY
+        self._last = worker.id
+
+    async def _acquire(self, session_id: str | None) -> AsyncIterator[Queued | WorkerHandle]:
+        """Yield ``Queued`` updates while waiting, then the leased worker."""
+        if self.queue_depth == 0:
+            worker = pick_worker(self.workers, self._last, self._sticky.get(session_id))
+            if worker is not None:
+                self._lease(worker)
+                yield worker
+                return
+        if self.queue_depth >= self.config.max_queue:
+            raise QueueFull(f"The server is busy: {self.queue_depth} requests are already "
+                            "waiting. Please try again in a minute.")
+        waiter = self._loop.create_future()
+        self._waiters.append(waiter)
+        position = None
+        try:
+            while not waiter.done():
+                if (now := self.queue_position(waiter)) != position:
+                    position = now
+                    yield Queued(position)
+                try:
+                    await asyncio.wait_for(asyncio.shield(waiter), timeout=0.5)
+                except TimeoutError:
+                    pass
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():  # leased to us just as we gave up
+                self._release_unused(waiter.result())
+            waiter.cancel()
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+            raise
+        yield waiter.result()
+
+    def _release_unused(self, worker: WorkerHandle) -> None:
+        worker.state = WorkerState.IDLE
+        self._hand_out()
+
+    def queue_position(self, waiter: asyncio.Future) -> int:
+        live = [w for w in self._waiters if not w.done()]
+        return live.index(waiter) + 1 if waiter in live else 0
+
+    # the one public call --------------------------------------------------------------
+
+    async def stream(
+        self,
+        messages: Sequence[ChatMessage],
+        params: SamplingParams,
+        session_id: str | None = None,
+    ) -> AsyncIterator[Queued | Notice | Chunk | Done | Failed]:
+        """Run one chat completion; yields until exactly one ``Done`` or ``Failed``.
+
+        Leaving the loop early (Stop, a closed tab, a dropped connection) sends ``Cancel``;
+        the worker stays leased until it confirms with its ``Done``.
+        """
+        request_id = uuid.uuid4().hex
+        worker = None
+        acquire = self._acquire(session_id)
+        try:
+            async for event in acquire:
+                if isinstance(event, Queued):
+                    yield event
+                else:
+                    worker = event
+        finally:  # a client that leaves while queued gives up its place at once
+            await acquire.aclose()
+        channel: asyncio.Queue = asyncio.Queue()
+        self._channels[request_id] = channel
+        worker.current = request_id
+        if session_id:
+            self._sticky[session_id] = worker.id
+            self._sticky.move_to_end(session_id)
+            while len(self._sticky) > STICKY_SESSIONS:
+                self._sticky.popitem(last=False)
+        finished = False
+        try:
+            worker.send(Generate(request_id, tuple(messages), params, session_id))
+            while not finished:
+                msg = await channel.get()
+                finished = isinstance(msg, (Done, Failed))
+                yield msg
+        finally:
+            if not finished:
+                worker.send(Cancel(request_id))
+
+    # status ---------------------------------------------------------------------------
+
+    async def wait_ready(self, count: int | None = None, timeout_s: float = 300.0) -> None:
+        """Wait until ``count`` workers (default: all) have loaded and warmed up."""
+        count = len(self.workers) if count is None else count
+        deadline = time.monotonic() + timeout_s
+        while self.ready_count < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {self.ready_count}/{count} workers ready after {timeout_s:.0f} s")
+            await asyncio.sleep(0.1)
+
+    @property
+    def ready_count(self) -> int:
+        return sum(w.state in (WorkerState.IDLE, WorkerState.BUSY) for w in self.workers)
+
+    @property
+    def queue_depth(self) -> int:
+        return sum(not w.done() for w in self._waiters)
+
+    def describe(self) -> list[dict]:
+        return [w.describe() for w in self.workers]

@@ -1,0 +1,103 @@
+"""Assemble and run the app: resolve the model, plan the cores, start workers, serve HTTP.
+
+One process, one event loop: uvicorn serves FastAPI, which carries the API routes and the
+Gradio page mounted at ``/``. The dispatcher starts with the app (workers load in the
+background while the page already answers, showing "0/2 workers ready") and stops with it,
+so SIGINT/SIGTERM to this process ends every worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+from pathlib import Path
+
+import gradio as gr
+import uvicorn
+from fastapi import FastAPI
+
+from app.api import build_router
+from app.config import AppConfig
+from app.dispatcher import Dispatcher, DispatcherConfig
+from app.ui import build_ui
+from workers.cores import LayoutError, auto_workers, physical_cores, plan_layout
+from workers.loader import ModelNotFound, ResolvedModel, resolve_dtype, resolve_model
+
+log = logging.getLogger(__name__)
+
+
+def build_dispatcher(config: AppConfig, model: ResolvedModel) -> Dispatcher:
+    cores = physical_cores()
+    workers = auto_workers(len(cores)) if config.workers == "auto" else config.workers
+    threads = None if config.threads_per_worker == "auto" else config.threads_per_worker
+    layouts = plan_layout(cores, workers, threads, allow_oversubscribe=config.oversubscribe)
+    return Dispatcher(DispatcherConfig(
+        layouts=layouts,
+        model_path=model.path,
+        model_name=model.name,
+        dtype=resolve_dtype(config.dtype),
+        max_queue=config.max_queue,
+        engine={"max_context_tokens": config.max_context_tokens},
+        log_level=logging.getLevelName(config.log_level.upper()),
+    ))
+
+
+def build_app(config: AppConfig, dispatcher: Dispatcher, model: ResolvedModel) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI):
+        dispatcher.start()
+        try:
+            yield
+        finally:
+            await dispatcher.stop()
+
+    app = FastAPI(title="CPU Chat", lifespan=lifespan)
+    app.include_router(build_router(dispatcher, model, config.sampling))
+    demo = build_ui(dispatcher, model, config.system_prompt, config.sampling)
+    return gr.mount_gradio_app(app, demo, path="/")
+
+
+def open_share_link(host: str, port: int) -> str | None:
+    """A public gradio.live tunnel to the local server; None (with a warning) when offline."""
+    from gradio.networking import setup_tunnel
+
+    try:
+        return setup_tunnel(host, port, secrets.token_urlsafe(32), None, None)
+    except Exception as exc:  # noqa: BLE001 - no network, blocked port, missing frpc binary
+        log.warning("Could not create a share link (%s: %s); the app is still served locally.",
+                    type(exc).__name__, exc)
+        return None
+
+
+def serve(config: AppConfig) -> int:
+    try:
+        model = resolve_model(config.model, Path(config.cache_dir).expanduser(), config.hub_timeout_s)
+        dispatcher = build_dispatcher(config, model)
+    except (ModelNotFound, LayoutError) as exc:
+        log.error("%s", exc)
+        return 2
+    log.info("Model: %s — %s", model.name, model.reason)
+    app = build_app(config, dispatcher, model)
+    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port,
+                                           log_level=config.log_level, timeout_graceful_shutdown=5))
+    if config.share:
+        _share_when_started(server, config)
+    log.info("Open http://%s:%d in your browser", config.host, config.port)
+    server.run()
+    return 0
+
+
+def _share_when_started(server: uvicorn.Server, config: AppConfig) -> None:
+    """Open the tunnel once uvicorn listens, without delaying the local server."""
+    original_startup = server.startup
+
+    async def startup(sockets=None):
+        await original_startup(sockets)
+        import asyncio
+
+        url = await asyncio.to_thread(open_share_link, "127.0.0.1", config.port)
+        if url:
+            log.info("Public share link: %s", url)
+
+    server.startup = startup

@@ -1,0 +1,138 @@
+"""The Gradio page: a streaming ChatInterface that only talks to the dispatcher.
+
+The chat function yields the cumulative reply (Gradio's streaming contract); leaving it
+early — Stop, a closed tab — closes the dispatcher stream, which cancels the request on
+its worker. Each finished reply ends with a one-line stats footer, which is stripped
+again before the history is sent back to the model.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+
+import gradio as gr
+
+from app.dispatcher import Dispatcher, Queued, QueueFull
+from app.validation import (
+    MAX_NEW_TOKENS,
+    REPETITION_PENALTY_RANGE,
+    TEMPERATURE_RANGE,
+    TOP_K_RANGE,
+    TOP_P_RANGE,
+    InvalidInput,
+    check_message,
+    clamp_params,
+    clean_text,
+)
+from workers.loader import ResolvedModel
+from workers.protocol import ChatMessage, Chunk, Done, Failed, FinishReason, Notice, SamplingParams
+
+STATS_PREFIX = "\n\n<sub>⚡ "
+_STATS_RE = re.compile(re.escape(STATS_PREFIX) + r".*</sub>\s*$", re.S)
+EXAMPLES = [
+    "What is the capital of France?",
+    "Write a haiku about a CPU that thinks it is a GPU.",
+    "用中文介绍一下你自己。",
+    "Explain what a KV cache is in two sentences.",
+]
+
+
+def history_to_messages(system_prompt: str, history: list[dict], message: str) -> list[ChatMessage]:
+    """Gradio's messages-format history → protocol messages, without stats footers."""
+    messages = [ChatMessage("system", clean_text(system_prompt))] if system_prompt.strip() else []
+    for turn in history:
+        content = turn.get("content")
+        if isinstance(content, list):  # Gradio 6 may store text as [{"type": "text", "text": ...}]
+            content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+        if turn.get("role") in ("user", "assistant") and isinstance(content, str):
+            messages.append(ChatMessage(turn["role"], clean_text(_STATS_RE.sub("", content))))
+    messages.append(ChatMessage("user", message))
+    return messages
+
+
+def stats_footer(done: Done, cores: list[int] | None) -> str:
+    m = done.metrics
+    where = f"worker {m.worker}" + (f" (cores {', '.join(map(str, cores))})" if cores else "")
+    parts = [f"{m.ttft_ms / 1000:.2f} s to first token", f"{m.decode_tokens_per_s:.1f} tokens/s",
+             f"{m.completion_tokens} tokens"]
+    if m.cached_prompt_tokens:
+        parts.append(f"{m.cached_prompt_tokens}/{m.prompt_tokens} prompt tokens cached")
+    parts.append(where)
+    if done.finish_reason is FinishReason.LENGTH:
+        parts.append("stopped at the token limit")
+    return STATS_PREFIX + " · ".join(parts) + "</sub>"
+
+
+def worker_panel(dispatcher: Dispatcher) -> str:
+    workers = dispatcher.describe()
+    lines = [f"**{dispatcher.ready_count}/{len(workers)} workers ready** · queue {dispatcher.queue_depth}", "",
+             "| worker | pid | cores | threads | state | served | last tok/s | restarts |",
+             "|---|---|---|---|---|---|---|---|"]
+    for w in workers:
+        lines.append(f"| {w['id']} | {w['pid']} | {','.join(map(str, w['cores']))} | {w['threads']} | "
+                     f"{w['state']} | {w['served']} | {w['tokens_per_s']} | {w['restarts']} |")
+    return "\n".join(lines)
+
+
+def model_banner(model: ResolvedModel) -> str:
+    if model.is_fallback:
+        return f"### ⚠️ Serving **{model.name}**\n{model.reason}."
+    return f"### Serving **{model.name}**\n{model.reason}."
+
+
+def build_ui(dispatcher: Dispatcher, model: ResolvedModel, system_prompt: str,
+             defaults: SamplingParams) -> gr.Blocks:
+    async def respond(message: str, history: list[dict], system: str, temperature: float, top_p: float,
+                      top_k: int, repetition_penalty: float, max_new_tokens: int,
+                      request: gr.Request) -> AsyncIterator[str]:
+        try:
+            text = check_message(message)
+        except InvalidInput as exc:
+            raise gr.Error(str(exc)) from exc
+        params = clamp_params(SamplingParams(temperature, top_p, int(top_k), repetition_penalty,
+                                             int(max_new_tokens)))
+        session = request.session_hash if request else None
+        reply, notes = "", ""
+        try:
+            async for event in dispatcher.stream(history_to_messages(system, history, text), params, session):
+                if isinstance(event, Queued):
+                    yield f"⏳ All workers are busy — you are number {event.position} in line."
+                elif isinstance(event, Notice):
+                    notes += f"<sub>ℹ️ {event.text}</sub>\n\n"
+                elif isinstance(event, Chunk):
+                    reply += event.text
+                    yield notes + reply
+                elif isinstance(event, Failed):
+                    yield notes + reply + f"\n\n⚠️ {event.message}"
+                elif isinstance(event, Done):
+                    cores = next((w["cores"] for w in dispatcher.describe() if w["id"] == event.metrics.worker), None)
+                    yield notes + reply + stats_footer(event, cores)
+        except QueueFull as exc:
+            raise gr.Error(str(exc)) from exc
+
+    with gr.Blocks(title="CPU Chat") as demo:
+        gr.Markdown(model_banner(model))
+        panel = gr.Markdown(worker_panel(dispatcher))
+        gr.Timer(2.0).tick(lambda: worker_panel(dispatcher), outputs=panel, show_progress="hidden")
+        with gr.Accordion("System prompt and sampling", open=False, render=False) as controls:
+            inputs = [
+                gr.Textbox(system_prompt, label="System prompt", lines=2),
+                gr.Slider(*TEMPERATURE_RANGE, value=defaults.temperature, step=0.05, label="Temperature (0 = greedy)"),
+                gr.Slider(*TOP_P_RANGE, value=defaults.top_p, step=0.01, label="Top-p"),
+                gr.Slider(*TOP_K_RANGE, value=defaults.top_k, step=1, label="Top-k (0 = off)"),
+                gr.Slider(*REPETITION_PENALTY_RANGE, value=defaults.repetition_penalty, step=0.01,
+                          label="Repetition penalty"),
+                gr.Slider(16, MAX_NEW_TOKENS, value=defaults.max_new_tokens, step=16, label="Max new tokens"),
+            ]
+        gr.ChatInterface(
+            fn=respond,
+            additional_inputs=inputs,
+            additional_inputs_accordion=controls,
+            examples=[[e] for e in EXAMPLES],
+            cache_examples=False,
+            concurrency_limit=None,  # the dispatcher queues; Gradio's default of 1 would serialise users
+            api_name="chat",
+            fill_height=True,
+        )
+    return demo

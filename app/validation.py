@@ -1,0 +1,61 @@
+"""Checks at the edge, shared by the page and the API, with limits that have names.
+
+Text is cleaned, not rejected, where a person would not notice the difference (control
+characters, unpaired surrogates from a broken client); what cannot be served gets an
+``InvalidInput`` whose message is shown to the user as is.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+from workers.protocol import SamplingParams
+
+MAX_MESSAGE_CHARS = 32_000  # ~8k tokens: past any context window this app serves
+MAX_MESSAGES = 200
+MAX_NEW_TOKENS = 2048
+TEMPERATURE_RANGE = (0.0, 2.0)
+TOP_P_RANGE = (0.01, 1.0)
+TOP_K_RANGE = (0, 1000)  # 0 = no top-k
+REPETITION_PENALTY_RANGE = (1.0, 2.0)
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+class InvalidInput(ValueError):
+    """Input that cannot be served; the message says what is wrong and what is allowed."""
+
+
+def clean_text(text: str) -> str:
+    """Drop control characters (keeping tab and newlines) and replace unpaired surrogates."""
+    text = text.encode("utf-8", "replace").decode("utf-8")  # lone surrogates -> "?"
+    return unicodedata.normalize("NFC", _CONTROL.sub("", text))
+
+
+def check_message(text: str) -> str:
+    """The user's new message, cleaned; refuses empty and oversized ones."""
+    text = clean_text(text)
+    if not text.strip():
+        raise InvalidInput("The message is empty. Type something to send.")
+    if len(text) > MAX_MESSAGE_CHARS:
+        raise InvalidInput(
+            f"The message is {len(text):,} characters long; the limit is {MAX_MESSAGE_CHARS:,}."
+        )
+    return text
+
+
+def clamp_params(params: SamplingParams) -> SamplingParams:
+    """The page's sliders already keep values in range; this guards against a crafted request."""
+
+    def clamp(value, bounds):
+        return min(max(value, bounds[0]), bounds[1])
+
+    return SamplingParams(
+        temperature=clamp(params.temperature, TEMPERATURE_RANGE),
+        top_p=clamp(params.top_p, TOP_P_RANGE),
+        top_k=int(clamp(params.top_k, TOP_K_RANGE)),
+        repetition_penalty=clamp(params.repetition_penalty, REPETITION_PENALTY_RANGE),
+        max_new_tokens=int(clamp(params.max_new_tokens, (1, MAX_NEW_TOKENS))),
+        seed=params.seed,
+    )

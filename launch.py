@@ -1,0 +1,8 @@
+"""Start the chat app: ``python launch.py --help`` lists the flags."""
+
+import sys
+
+from app.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

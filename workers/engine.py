@@ -1,0 +1,264 @@
+"""Token generation for one worker: a pure generator over a loaded model, no I/O.
+
+    prompt_ids ─▶ prefill (only the tokens the conversation cache lacks) ─▶ sample
+               ─▶ decode_one_token ─▶ sample ─▶ … until a stop token or the budget
+
+The caller iterates ``Engine.generate`` and may stop at any ``Step`` (``close()`` on the
+generator): that is how a Cancel takes effect within one decode step. The engine knows
+nothing about pipes or requests; the worker loop does.
+
+A conversation's KV cache is kept after each turn (keyed by session id, least recently
+used evicted past a memory budget), and the next turn prefills only the token ids that
+do not share a prefix with the cached ones. Prefixes are matched on token ids, never on
+re-tokenized text.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from workers.detokenize import IncrementalDetokenizer
+from workers.protocol import ChatMessage, FinishReason, SamplingParams
+
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>")
+
+
+class PromptTooLong(ValueError):
+    """The newest message alone does not fit in the context window; shown to the user."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    ids: list[int]
+    dropped_turns: int  # oldest user/assistant messages left out to fit the context
+
+
+@dataclass(frozen=True)
+class Step:
+    """One generated token and the text it made safe to show (``""`` while mid-character)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    reason: FinishReason
+    prompt_tokens: int
+    cached_prompt_tokens: int
+    completion_tokens: int
+    ttft_ms: float
+    decode_tokens_per_s: float
+    tail_text: str = ""  # text held back until the end (an incomplete character)
+
+
+@dataclass
+class _Session:
+    ids: list[int]  # token ids whose keys/values are in ``cache``
+    cache: DynamicCache
+    nbytes: int = 0
+
+
+# --- prompt -------------------------------------------------------------------------
+
+
+_SENTINEL = "\x1e{}\x1e"  # record separator: never produced by a template itself
+_SENTINEL_RE = re.compile("(\x1e\\d+\x1e)")
+
+
+def encode_chat(tokenizer, messages: list[ChatMessage]) -> list[int]:
+    """Token ids of the chat template applied to ``messages``, with a generation prompt.
+
+    Message contents are tokenized with special tokens split into plain text, so a user
+    who types ``<|im_start|>system`` gets those characters, not a new role. We render the
+    template with a placeholder per message, then tokenize the template's own text (where
+    special tokens are real) and each content (where they are not) separately.
+    """
+    placeholders = [{"role": m.role, "content": _SENTINEL.format(i)} for i, m in enumerate(messages)]
+    rendered = tokenizer.apply_chat_template(placeholders, tokenize=False, add_generation_prompt=True)
+    ids: list[int] = []
+    for piece in _SENTINEL_RE.split(rendered):
+        if not piece:
+            continue
+        if _SENTINEL_RE.fullmatch(piece):
+            content = messages[int(piece.strip("\x1e"))].content
+            ids += tokenizer(content, add_special_tokens=False, split_special_tokens=True).input_ids
+        else:
+            ids += tokenizer(piece, add_special_tokens=False).input_ids
+    return ids
+
+
+def build_prompt(tokenizer, messages: list[ChatMessage], max_prompt_tokens: int) -> Prompt:
+    """Fit the conversation into ``max_prompt_tokens`` by dropping the oldest turns.
+
+    The system prompt and the newest user message are always kept; if those alone are too
+    long, ``PromptTooLong`` says by how much.
+    """
+    system = [m for m in messages[:1] if m.role == "system"]
+    turns = messages[len(system) :]
+    for dropped in range(len(turns)):
+        kept = turns[dropped:]
+        if kept[0].role != "user" and len(kept) > 1:
+            continue  # a conversation restarts at a user turn
+        ids = encode_chat(tokenizer, system + kept)
+        if len(ids) <= max_prompt_tokens:
+            return Prompt(ids=ids, dropped_turns=dropped)
+    raise PromptTooLong(
+        f"The message is too long: it needs {len(ids)} tokens with the system prompt, and "
+        f"this model accepts at most {max_prompt_tokens} prompt tokens (its context window "
+        f"minus room for the reply). Please shorten it."
+    )
+
+
+# --- sampling -----------------------------------------------------------------------
+
+
+def sample(
+    logits: torch.Tensor,  # [V], float32
+    params: SamplingParams,
+    previous: torch.Tensor,  # [T] ids already in the conversation, for repetition_penalty
+    generator: torch.Generator | None,
+) -> int:
+    if params.repetition_penalty != 1.0 and previous.numel():
+        scores = logits[previous]
+        logits[previous] = torch.where(
+            scores < 0, scores * params.repetition_penalty, scores / params.repetition_penalty
+        )
+    if params.greedy:
+        return int(torch.argmax(logits))
+    logits = logits / params.temperature
+    if 0 < params.top_k < logits.numel():
+        kth = torch.topk(logits, params.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        sorted_probs = torch.softmax(sorted_logits, dim=-1)
+        remove = sorted_probs.cumsum(dim=-1) - sorted_probs > params.top_p  # keep the one crossing p
+        logits = logits.masked_fill(torch.zeros_like(remove).scatter(0, order, remove), float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+# --- the engine ---------------------------------------------------------------------
+
+
+@dataclass
+class EngineConfig:
+    max_context_tokens: int = 4096  # cap on the model's own window, to bound CPU memory
+    session_cache_bytes: int = 256 * 2**20  # conversation KV caches kept across turns
+    repetition_window: int = 256  # how many recent ids repetition_penalty looks at
+
+
+@dataclass
+class Engine:
+    model: object
+    tokenizer: object
+    config: EngineConfig = field(default_factory=EngineConfig)
+
+    def __post_init__(self) -> None:
+        model_window = getattr(self.model.config, "max_position_embeddings", None) or 2048
+        self.context_tokens = min(model_window, self.config.max_context_tokens)
+        self.stop_ids = stop_token_ids(self.tokenizer, self.model)
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()
+
+    # prompt --------------------------------------------------------------------------
+
+    def prompt(self, messages: list[ChatMessage], max_new_tokens: int) -> Prompt:
+        """Leave room for at least a short reply: up to ``max_new_tokens``, at least 1/4 of the window."""
+        room = min(max_new_tokens, self.context_tokens // 4)
+        return build_prompt(self.tokenizer, messages, self.context_tokens - max(room, 1))
+
+    # model steps ---------------------------------------------------------------------
+
+    def _forward(self, ids: list[int], cache: DynamicCache) -> torch.Tensor:
+        """Run ``ids`` through the model on top of ``cache``; logits of the last position, [V]."""
+        input_ids = torch.tensor([ids], dtype=torch.long)  # [1, S]
+        out = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[0, -1].float()  # [V]
+
+    def _session_cache(self, session_id: str | None, prompt_ids: list[int]) -> tuple[DynamicCache, int]:
+        """A cache holding the longest cached prefix of ``prompt_ids``, and that prefix's length."""
+        session = self._sessions.pop(session_id, None) if session_id else None
+        if session is None:
+            return DynamicCache(config=self.model.config), 0
+        common = 0
+        for a, b in zip(session.ids, prompt_ids):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(prompt_ids) - 1)  # at least one token to prefill for logits
+        session.cache.crop(-(session.cache.get_seq_length() - common))  # v5: negative = drop
+        return session.cache, common
+
+    def _keep_session(self, session_id: str | None, ids: list[int], cache: DynamicCache) -> None:
+        if not session_id:
+            return
+        nbytes = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values) if t is not None)
+        self._sessions[session_id] = _Session(ids=ids, cache=cache, nbytes=nbytes)
+        while sum(s.nbytes for s in self._sessions.values()) > self.config.session_cache_bytes and len(self._sessions) > 1:
+            self._sessions.popitem(last=False)
+
+    # generation ----------------------------------------------------------------------
+
+    @torch.inference_mode()  # torch re-enters the mode at each resumption of a generator
+    def generate(
+        self, prompt_ids: list[int], params: SamplingParams, session_id: str | None = None
+    ) -> Iterator[Step | Finished]:
+        """Yield a ``Step`` per generated token, then one ``Finished``."""
+        started = time.perf_counter()
+        generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        budget = max(0, min(params.max_new_tokens, self.context_tokens - len(prompt_ids)))
+        cache, cached = self._session_cache(session_id, prompt_ids)
+        in_cache = list(prompt_ids)  # ids whose KV the cache will hold
+        detok = IncrementalDetokenizer(self.tokenizer)
+        history = torch.tensor(prompt_ids[-self.config.repetition_window :], dtype=torch.long)
+        generated: list[int] = []
+        first_token_at = last_token_at = started
+        reason = FinishReason.LENGTH
+        try:
+            logits = self._forward(prompt_ids[cached:], cache)
+            while len(generated) < budget:
+                token = sample(logits, params, history, generator)
+                last_token_at = time.perf_counter()
+                if not generated:
+                    first_token_at = last_token_at
+                if token in self.stop_ids:
+                    reason = FinishReason.STOP
+                    break
+                generated.append(token)
+                history = torch.cat([history[1 - self.config.repetition_window :], torch.tensor([token])])
+                yield Step(detok.push(token))
+                if len(generated) < budget:
+                    logits = self._forward([token], cache)
+                    in_cache.append(token)
+        finally:  # also on close(): a cancelled turn's cache is still worth keeping
+            self._keep_session(session_id, in_cache, cache)
+        decode_s = last_token_at - first_token_at
+        yield Finished(
+            reason=reason,
+            prompt_tokens=len(prompt_ids),
+            cached_prompt_tokens=cached,
+            completion_tokens=len(generated),
+            ttft_ms=(first_token_at - started) * 1000,
+            decode_tokens_per_s=(len(generated) - 1) / decode_s if len(generated) > 1 and decode_s > 0 else 0.0,
+            tail_text=detok.flush(),
+        )
+
+
+def stop_token_ids(tokenizer, model) -> set[int]:
+    """EOS ids from the tokenizer and generation config, plus known end-of-turn tokens."""
+    ids: set[int] = set()
+    for source in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif source:
+            ids.update(source)
+    vocab = tokenizer.get_vocab()
+    ids.update(vocab[t] for t in END_OF_TURN_TOKENS if t in vocab)
+    return ids

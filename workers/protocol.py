@@ -1,0 +1,133 @@
+"""Every message that crosses a worker pipe, in one place.
+
+The dispatcher and the worker speak only in these frozen dataclasses; each carries the
+``request_id`` it belongs to, so one request's tokens can only ever reach that request's
+own channel. ``multiprocess`` pickles them with dill, so they need no hand-written codec.
+
+    dispatcher ──Generate/Cancel/Shutdown──▶ worker
+    dispatcher ◀──Ready/Chunk/Done/Failed─── worker
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class FinishReason(str, enum.Enum):
+    """Why a generation ended; the values are the OpenAI API's words where it has one."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick the next token. ``temperature == 0`` means greedy."""
+
+    temperature: float = 0.7
+    top_p: float = 0.9
+    top_k: int = 50
+    repetition_penalty: float = 1.1
+    max_new_tokens: int = 512
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str  # "system" | "user" | "assistant"
+    content: str
+
+
+# --- dispatcher -> worker -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Generate:
+    request_id: str
+    messages: tuple[ChatMessage, ...]
+    params: SamplingParams
+    session_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Cancel:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Ask the worker to exit after the current step."""
+
+
+# --- worker -> dispatcher -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ready:
+    worker_id: int
+    pid: int
+    cores: tuple[int, ...]
+    threads: int
+    model: str
+    dtype: str
+    load_s: float
+
+
+@dataclass(frozen=True)
+class Notice:
+    """Something the user should be told about this request, e.g. that old turns were dropped."""
+
+    request_id: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Chunk:
+    request_id: str
+    text: str
+    tokens: int
+
+
+@dataclass(frozen=True)
+class Metrics:
+    worker: int
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    completion_tokens: int = 0
+    ttft_ms: float = 0.0
+    decode_tokens_per_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Done:
+    request_id: str
+    finish_reason: FinishReason
+    metrics: Metrics = field(default_factory=lambda: Metrics(worker=-1))
+
+
+class ErrorCode(str, enum.Enum):
+    """What kind of failure, so the API can pick a status code (400, 503, 500)."""
+
+    INVALID_REQUEST = "invalid_request"  # the user can fix it (e.g. message too long)
+    UNAVAILABLE = "unavailable"  # try again (worker crashed and restarts, server stopping)
+    INTERNAL = "internal"  # a bug: logged with its traceback
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The request could not be served; ``message`` is shown to the user as is."""
+
+    request_id: str
+    message: str
+    code: ErrorCode = ErrorCode.INTERNAL
+
+
+ToWorker = Generate | Cancel | Shutdown
+FromWorker = Ready | Notice | Chunk | Done | Failed
