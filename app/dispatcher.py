@@ -84,7 +84,7 @@ class WorkerHandle:
     restarts: int = 0
     crashes_in_a_row: int = 0
     started_at: float = 0.0
-    last_tokens_per_s: float = 0.0
+    last_done: Done | None = None  # the latest finished request, for the worker panel
 
     @property
     def id(self) -> int:
@@ -109,7 +109,7 @@ class WorkerHandle:
             "state": self.state.value,
             "served": self.served,
             "restarts": self.restarts,
-            "tokens_per_s": round(self.last_tokens_per_s, 1),
+            "tokens_per_s": round(self.last_done.metrics.decode_tokens_per_s, 1) if self.last_done else 0.0,
         }
 
 
@@ -213,7 +213,7 @@ class Dispatcher:
         if isinstance(msg, (Done, Failed)) and msg.request_id == worker.current:
             if isinstance(msg, Done):
                 worker.served += 1
-                worker.last_tokens_per_s = msg.metrics.decode_tokens_per_s
+                worker.last_done = msg
             worker.current, worker.state = None, WorkerState.IDLE
             self._hand_out()
 

@@ -26,6 +26,8 @@ from workers.loader import ModelNotFound, ResolvedModel, resolve_dtype, resolve_
 
 log = logging.getLogger(__name__)
 
+GRACEFUL_SHUTDOWN_S = 3  # open page connections (Gradio's event stream) are cut after this
+
 
 def build_dispatcher(config: AppConfig, model: ResolvedModel) -> Dispatcher:
     cores = physical_cores()
@@ -80,11 +82,14 @@ def serve(config: AppConfig) -> int:
     log.info("Model: %s — %s", model.name, model.reason)
     app = build_app(config, dispatcher, model)
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port,
-                                           log_level=config.log_level, timeout_graceful_shutdown=5))
+                                           log_level=config.log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
     if config.share:
         _share_when_started(server, config)
     log.info("Open http://%s:%d in your browser", config.host, config.port)
-    server.run()
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl+C after its clean shutdown
+        pass
     return 0
 
 

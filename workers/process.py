@@ -70,6 +70,8 @@ def die_with_parent() -> None:
 def run_worker(spec: WorkerSpec, conn) -> None:
     """Process entry point: set up, load, warm up, report Ready, serve until Shutdown or EOF."""
     die_with_parent()
+    # Ctrl+C in a terminal reaches the whole process group; the dispatcher decides when we stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     pin_to_cores(spec.layout)
     logging.basicConfig(level=spec.log_level, format=f"%(asctime)s worker {spec.layout.worker_id} %(levelname)s %(message)s")
     import torch

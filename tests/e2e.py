@@ -1,0 +1,81 @@
+"""Start ``launch.py`` as a real subprocess on a free port, and stop it by signal."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RunningApp:
+    process: subprocess.Popen
+    url: str
+    log_path: Path
+    worker_pids: list[int] = field(default_factory=list)
+
+    def health(self) -> dict:
+        return httpx.get(f"{self.url}/health", timeout=5).json()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGINT, timeout_s: float = 30) -> int:
+        self.process.send_signal(sig)
+        return self.process.wait(timeout_s)
+
+
+def start_app(tmp_path: Path, *args: str, ready_timeout_s: float = 240, env: dict | None = None) -> RunningApp:
+    port = free_port()
+    log_path = tmp_path / "app.log"
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "launch.py"), "--port", str(port), *args],
+        cwd=ROOT, stdout=log_path.open("w"), stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+    )
+    app = RunningApp(process, f"http://127.0.0.1:{port}", log_path)
+    deadline = time.monotonic() + ready_timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"launch.py exited with {process.returncode}:\n{app.log()}")
+        try:
+            health = app.health()
+            if health["workers_ready"] == len(health["workers"]):
+                app.worker_pids = [w["pid"] for w in health["workers"]]
+                return app
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    process.kill()
+    raise TimeoutError(f"app not ready after {ready_timeout_s} s:\n{app.log()}")
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def wait_gone(pids: list[int], timeout_s: float = 10) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
+        time.sleep(0.1)
+    return [p for p in pids if pid_alive(p)]

@@ -1,0 +1,89 @@
+"""The real app as a user starts it: launch.py, the Gradio client, the OpenAI SDK, signals."""
+
+from __future__ import annotations
+
+import signal
+
+import httpx
+import openai
+import pytest
+from gradio_client import Client
+
+from tests.e2e import start_app, wait_gone
+
+GREEDY_UI = dict(system="", temperature=0.0, top_p=1.0, top_k=0, repetition_penalty=1.0, max_new_tokens=64)
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    # The default model id, as a new user would run it: the hub is unreachable, so the app
+    # must fall back to the bundled model on its own.
+    running = start_app(tmp_path_factory.mktemp("app"), "--workers", "2", "--threads-per-worker", "1",
+                        "--oversubscribe")
+    yield running
+    if running.process.poll() is None:
+        running.process.kill()
+        running.process.wait()
+
+
+def test_health_reports_model_fallback_and_worker_layout(app):
+    health = app.health()
+    assert health["ready"] is True
+    assert health["model_source"] == "bundled" and "cannot be reached" in health["model_reason"]
+    assert [w["id"] for w in health["workers"]] == [0, 1]
+    for w in health["workers"]:
+        assert w["threads"] == 1 and w["state"] == "idle" and w["pid"] > 0
+    assert "serving the bundled offline model" in app.log()
+
+
+def test_page_names_the_model_and_why(app):
+    page = httpx.get(app.url + "/", timeout=10)
+    assert page.status_code == 200
+    config = httpx.get(app.url + "/config", timeout=10).text
+    assert "SmolLM2-135M-Instruct" in config and "cannot be reached" in config
+
+
+def test_gradio_client_streams_a_reply(app):
+    client = Client(app.url + "/", verbose=False)
+    job = client.submit("What is the capital of France?", *GREEDY_UI.values(), api_name="/chat")
+    outputs = list(job)
+    assert len(outputs) > 2, "the reply should arrive in several streamed updates"
+    assert "Paris" in outputs[-1]
+    assert "tokens/s" in outputs[-1]  # the stats footer under the answer
+    assert len(outputs[0]) < len(outputs[-1])
+
+
+def test_openai_sdk_streams_with_usage_and_metrics(app):
+    client = openai.OpenAI(base_url=app.url + "/v1", api_key="unused")
+    assert client.models.list().data[0].id.startswith("SmolLM2")
+    chunks = list(client.chat.completions.create(
+        model="any", messages=[{"role": "user", "content": "What is the capital of France?"}],
+        stream=True, temperature=0.0, max_tokens=48,
+    ))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert "Paris" in text
+    assert sum(1 for c in chunks if c.choices[0].delta.content) > 2
+    last = chunks[-1]
+    assert last.choices[0].finish_reason == "stop"
+    assert last.usage.completion_tokens > 0
+    metrics = last.model_extra["metrics"]
+    assert metrics["worker"] in (0, 1) and metrics["ttft_ms"] > 0 and metrics["decode_tokens_per_s"] > 0
+
+
+def test_openai_non_stream_and_bad_input(app):
+    client = openai.OpenAI(base_url=app.url + "/v1", api_key="unused")
+    reply = client.chat.completions.create(
+        model="any", messages=[{"role": "user", "content": "What is the capital of France?"}], temperature=0.0,
+    )
+    assert "Paris" in reply.choices[0].message.content
+    assert reply.model_extra["metrics"]["prompt_tokens"] == reply.usage.prompt_tokens
+    bad = httpx.post(app.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
+                                                              "temperature": 9}, timeout=10)
+    assert bad.status_code == 422 and "temperature" in bad.text
+    assert app.health()["ready"]
+
+
+def test_sigint_stops_the_app_and_every_worker(app):
+    pids = app.worker_pids
+    assert app.stop(signal.SIGINT) == 0
+    assert wait_gone(pids) == []

@@ -1,0 +1,59 @@
+"""Model resolution: the offline fallback really happens here, local models load the real way."""
+
+import time
+
+import pytest
+
+from workers.engine import Engine
+from workers.loader import ModelNotFound, convert_gguf, bundled_gguf, load, resolve_dtype, resolve_model
+from workers.protocol import ChatMessage, SamplingParams
+
+
+def test_unreachable_hub_falls_back_to_the_bundled_model_within_seconds(cache_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("MODELSCOPE_CACHE", str(tmp_path / "empty-modelscope-cache"))
+    started = time.monotonic()
+    model = resolve_model("qwen/Qwen1.5-0.5B-Chat", cache_dir, hub_timeout_s=3.0)
+    assert time.monotonic() - started < 15  # conversion is cached by the session fixture
+    assert model.is_fallback
+    assert "qwen/Qwen1.5-0.5B-Chat" in model.reason and "cannot be reached" in model.reason
+    assert "SmolLM2" in model.name
+
+
+def test_gguf_conversion_happens_once(bundled_model, cache_dir):
+    started = time.monotonic()
+    again = convert_gguf(bundled_gguf(), cache_dir)
+    assert str(again) == bundled_model.path
+    assert time.monotonic() - started < 1.0  # found in the cache, not converted again
+
+
+def test_local_qwen2_directory_loads_and_generates(tiny_qwen, cache_dir):
+    model = resolve_model(str(tiny_qwen), cache_dir)
+    assert (model.source, model.path) == ("local", str(tiny_qwen))
+    tokenizer, m = load(model.path, "float32")
+    assert m.config.model_type == "qwen2"
+    engine = Engine(m, tokenizer)
+    ids = engine.prompt([ChatMessage("user", "hi")], 4).ids
+    assert sum(1 for _ in engine.generate(ids, SamplingParams(temperature=0, max_new_tokens=4))) >= 2
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("/no/such/dir", "neither an existing directory"),
+    ("missing.gguf", "GGUF file not found"),
+    ("not a hub id", "neither an existing directory"),
+])
+def test_bad_model_specs_say_what_is_wrong(spec, message, cache_dir):
+    with pytest.raises(ModelNotFound, match=message):
+        resolve_model(spec, cache_dir)
+
+
+def test_directory_without_config_is_refused(tmp_path, cache_dir):
+    with pytest.raises(ModelNotFound, match="no config.json"):
+        resolve_model(str(tmp_path), cache_dir)
+
+
+def test_dtype_auto_picks_by_cpu(monkeypatch):
+    monkeypatch.setattr("workers.loader.cpu_has_bf16", lambda: True)
+    assert resolve_dtype("auto") == "bfloat16"
+    monkeypatch.setattr("workers.loader.cpu_has_bf16", lambda: False)
+    assert resolve_dtype("auto") == "float32"
+    assert resolve_dtype("float32") == "float32"

@@ -1,0 +1,123 @@
+"""Two real worker processes on the bundled model, driven through the real dispatcher."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import pytest
+
+from app.dispatcher import Dispatcher, DispatcherConfig
+from workers.cores import plan_layout
+from workers.protocol import ChatMessage, Chunk, Done, FinishReason, SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=48)
+LONG = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=400)
+
+
+def cores_for_two():
+    """Two disjoint single-core layouts: on a 1-core machine they share (forced), still 2 processes."""
+    cores = [(c,) for c in sorted(os.sched_getaffinity(0))]
+    return plan_layout(cores, workers=2, threads_per_worker=1, allow_oversubscribe=len(cores) < 2)
+
+
+@pytest.fixture(scope="module")
+def pool(bundled_model):
+    """A dispatcher with two ready workers, on its own event loop thread."""
+    loop = asyncio.new_event_loop()
+    dispatcher = Dispatcher(DispatcherConfig(cores_for_two(), bundled_model.path, bundled_model.name, "bfloat16"))
+
+    async def start():
+        dispatcher.start()
+        await dispatcher.wait_ready(timeout_s=180)
+
+    import threading
+
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    asyncio.run_coroutine_threadsafe(start(), loop).result()
+
+    def run(coro, timeout=120):
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
+
+    yield dispatcher, run
+    run(dispatcher.stop())
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+
+
+async def ask(dispatcher, text, params=GREEDY):
+    reply, done = "", None
+    async for event in dispatcher.stream([ChatMessage("user", text)], params):
+        if isinstance(event, Chunk):
+            reply += event.text
+        elif isinstance(event, Done):
+            done = event
+    return reply, done
+
+
+def test_capital_of_france(pool):
+    dispatcher, run = pool
+    reply, done = run(ask(dispatcher, "What is the capital of France?"))
+    assert "Paris" in reply
+    assert done.finish_reason is FinishReason.STOP and done.metrics.completion_tokens > 0
+
+
+def test_each_worker_is_pinned_to_its_planned_cores(pool):
+    dispatcher, _ = pool
+    for worker in dispatcher.workers:
+        planned = worker.spec.layout
+        assert os.sched_getaffinity(worker.pid) == set(planned.cpus)  # read from the live process
+        assert worker.ready.threads == planned.threads  # torch.get_num_threads() in the worker
+        status = open(f"/proc/{worker.pid}/status").read()
+        assert f"Cpus_allowed_list:\t{','.join(map(str, planned.cpus))}" in status
+    assert dispatcher.workers[0].pid != dispatcher.workers[1].pid
+
+
+def test_two_requests_run_on_two_workers_at_the_same_time(pool):
+    dispatcher, run = pool
+
+    async def timed(text):
+        first = last = None
+        worker = None
+        params = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=60)
+        async for event in dispatcher.stream([ChatMessage("user", text)], params):
+            if isinstance(event, Chunk):
+                first = first or time.monotonic()
+                last = time.monotonic()
+            elif isinstance(event, Done):
+                worker = event.metrics.worker
+        return first, last, worker
+
+    async def both():
+        return await asyncio.gather(timed("Tell me about cats."), timed("Tell me about dogs."))
+
+    (f1, l1, w1), (f2, l2, w2) = run(both())
+    assert {w1, w2} == {0, 1}
+    assert f1 < l2 and f2 < l1  # the streams overlapped in time
+
+
+def test_stop_frees_the_worker_and_no_more_tokens_arrive(pool):
+    dispatcher, run = pool
+
+    async def scenario():
+        stream = dispatcher.stream([ChatMessage("user", "Count from 1 to 500, one number per line.")], LONG)
+        async for event in stream:
+            if isinstance(event, Chunk) and event.tokens >= 5:
+                break
+        await stream.aclose()  # what Gradio's Stop and a dropped HTTP connection do
+        stopped_at = time.monotonic()
+        while any(w.state.value == "busy" for w in dispatcher.workers):
+            await asyncio.sleep(0.01)
+        freed_after = time.monotonic() - stopped_at
+        cancelled = [w.last_done for w in dispatcher.workers
+                     if w.last_done and w.last_done.finish_reason is FinishReason.CANCELLED]
+        reply, _ = await ask(dispatcher, "What is the capital of France?")
+        return freed_after, cancelled, reply
+
+    freed_after, cancelled, reply = run(scenario())
+    assert freed_after < 1.0
+    assert len(cancelled) == 1 and cancelled[0].metrics.completion_tokens < 15  # not 400
+    assert "Paris" in reply
+    assert not dispatcher._channels  # nothing left routed to the cancelled request
