@@ -19,10 +19,11 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Literal
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, Depends, HTTPException
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
+from app.auth import Credentials, api_guard
 from app.dispatcher import Dispatcher, Queued, QueueFull
 from app.validation import (
     MAX_MESSAGE_CHARS,
@@ -96,8 +97,10 @@ def metrics(done: Done) -> dict:
     return {k: round(v, 2) if isinstance(v, float) else v for k, v in dataclasses.asdict(done.metrics).items()}
 
 
-def build_router(dispatcher: Dispatcher, model: ResolvedModel, defaults: SamplingParams) -> APIRouter:
+def build_router(dispatcher: Dispatcher, model: ResolvedModel, defaults: SamplingParams,
+                 auth: Credentials | None = None) -> APIRouter:
     router = APIRouter()
+    protected = [Depends(api_guard(auth))] if auth else []
 
     @router.get("/health")
     async def health() -> dict:
@@ -111,11 +114,11 @@ def build_router(dispatcher: Dispatcher, model: ResolvedModel, defaults: Samplin
             "workers": dispatcher.describe(),
         }
 
-    @router.get("/v1/models")
+    @router.get("/v1/models", dependencies=protected)
     async def models() -> dict:
         return {"object": "list", "data": [{"id": model.name, "object": "model", "owned_by": "local"}]}
 
-    @router.post("/v1/chat/completions")
+    @router.post("/v1/chat/completions", dependencies=protected)
     async def chat_completions(req: ChatRequest):
         try:
             messages = req.chat_messages()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -26,16 +27,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int)
     p.add_argument("--share", action="store_true", default=None, help="create a public Gradio share link")
+    p.add_argument("--auth", help="protect page and API: user:password, or a file of such lines")
     p.add_argument("--max-queue", type=int, help="requests that may wait for a worker")
     p.add_argument("--system-prompt")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     return p
 
 
-def parse_config(argv: list[str] | None = None) -> AppConfig:
+def env_overrides(environ: dict[str, str]) -> dict:
+    """Hosting platforms (Hugging Face Spaces, PaaS) say where to listen through these."""
+    found = {}
+    if environ.get("GRADIO_SERVER_NAME"):
+        found["host"] = environ["GRADIO_SERVER_NAME"]
+    port = environ.get("PORT") or environ.get("GRADIO_SERVER_PORT")
+    if port:
+        if not port.isdigit():
+            raise ConfigError(f"PORT must be a number, got {port!r}")
+        found["port"] = int(port)
+    return found
+
+
+def parse_config(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> AppConfig:
+    """Config file, then the environment (PORT, GRADIO_SERVER_NAME), then flags."""
     args = vars(build_parser().parse_args(argv))
     path = args.pop("config")
-    return load_config(path, args)
+    overrides = env_overrides(os.environ if environ is None else environ)
+    overrides.update({k: v for k, v in args.items() if v is not None})
+    return load_config(path, overrides)
 
 
 def main(argv: list[str] | None = None) -> int:

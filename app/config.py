@@ -35,6 +35,7 @@ class AppConfig:
     host: str = "127.0.0.1"
     port: int = 7860
     share: bool = False
+    auth: str | None = None  # "user:password" or a file of such lines
     max_queue: int = 64
     max_context_tokens: int = 4096
     system_prompt: str = "You are a helpful assistant."

@@ -124,6 +124,12 @@ def pick_worker(workers: Sequence[WorkerHandle], last: int, prefer: int | None =
     return min(idle, key=lambda w: (w.id - last - 1) % len(workers))
 
 
+def respawn_delay(crashes_in_a_row: int) -> float:
+    """Exponential backoff: 0.5 s after a first crash, doubling up to 30 s, so a worker that
+    cannot load (bad model, out of memory) does not spin."""
+    return min(RESPAWN_MAX_DELAY_S, RESPAWN_BASE_DELAY_S * 2 ** max(0, crashes_in_a_row - 1))
+
+
 @dataclass
 class DispatcherConfig:
     layouts: list[WorkerLayout]
@@ -238,8 +244,8 @@ class Dispatcher:
         if self._stopping:
             return
         lived = time.monotonic() - worker.started_at
-        worker.crashes_in_a_row = 0 if lived > STABLE_AFTER_S else worker.crashes_in_a_row + 1
-        delay = min(RESPAWN_MAX_DELAY_S, RESPAWN_BASE_DELAY_S * 2 ** max(0, worker.crashes_in_a_row - 1))
+        worker.crashes_in_a_row = 1 if lived > STABLE_AFTER_S else worker.crashes_in_a_row + 1
+        delay = respawn_delay(worker.crashes_in_a_row)
         log.error("worker %d (pid %s) exited with code %s; restarting in %.1f s",
                   worker.id, worker.pid, code, delay)
         worker.restarts += 1

@@ -18,6 +18,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from app.api import build_router
+from app.auth import AuthError, Credentials, parse_auth
 from app.config import AppConfig
 from app.dispatcher import Dispatcher, DispatcherConfig
 from app.ui import build_ui
@@ -45,7 +46,8 @@ def build_dispatcher(config: AppConfig, model: ResolvedModel) -> Dispatcher:
     ))
 
 
-def build_app(config: AppConfig, dispatcher: Dispatcher, model: ResolvedModel) -> FastAPI:
+def build_app(config: AppConfig, dispatcher: Dispatcher, model: ResolvedModel,
+              auth: Credentials | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
         dispatcher.start()
@@ -55,9 +57,9 @@ def build_app(config: AppConfig, dispatcher: Dispatcher, model: ResolvedModel) -
             await dispatcher.stop()
 
     app = FastAPI(title="CPU Chat", lifespan=lifespan)
-    app.include_router(build_router(dispatcher, model, config.sampling))
+    app.include_router(build_router(dispatcher, model, config.sampling, auth))
     demo = build_ui(dispatcher, model, config.system_prompt, config.sampling)
-    return gr.mount_gradio_app(app, demo, path="/")
+    return gr.mount_gradio_app(app, demo, path="/", auth=auth or None)
 
 
 def open_share_link(host: str, port: int) -> str | None:
@@ -74,13 +76,17 @@ def open_share_link(host: str, port: int) -> str | None:
 
 def serve(config: AppConfig) -> int:
     try:
+        auth = parse_auth(config.auth) if config.auth else None
         model = resolve_model(config.model, Path(config.cache_dir).expanduser(), config.hub_timeout_s)
         dispatcher = build_dispatcher(config, model)
-    except (ModelNotFound, LayoutError) as exc:
+    except (AuthError, ModelNotFound, LayoutError) as exc:
         log.error("%s", exc)
         return 2
+    if (config.share or config.host not in ("127.0.0.1", "localhost", "::1")) and not auth:
+        log.warning("The app is reachable from other machines (%s) without --auth: anyone with "
+                    "the address can use it.", "share link" if config.share else f"host {config.host}")
     log.info("Model: %s — %s", model.name, model.reason)
-    app = build_app(config, dispatcher, model)
+    app = build_app(config, dispatcher, model, auth)
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port,
                                            log_level=config.log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
     if config.share:

@@ -111,7 +111,7 @@ def build_ui(dispatcher: Dispatcher, model: ResolvedModel, system_prompt: str,
         except QueueFull as exc:
             raise gr.Error(str(exc)) from exc
 
-    with gr.Blocks(title="CPU Chat") as demo:
+    with gr.Blocks(title="CPU Chat", analytics_enabled=False) as demo:
         gr.Markdown(model_banner(model))
         panel = gr.Markdown(worker_panel(dispatcher))
         gr.Timer(2.0).tick(lambda: worker_panel(dispatcher), outputs=panel, show_progress="hidden")

@@ -46,3 +46,12 @@ def test_launch_reports_a_bad_config_and_exits_2(tmp_path, capsys):
     path.write_text("port = 0\n")
     assert main(["--config", str(path)]) == 2
     assert "port must be" in capsys.readouterr().err
+
+
+def test_hosting_environment_sets_host_and_port_and_flags_win():
+    env = {"PORT": "7000", "GRADIO_SERVER_NAME": "0.0.0.0"}
+    cfg = parse_config([], environ=env)
+    assert (cfg.host, cfg.port) == ("0.0.0.0", 7000)
+    assert parse_config(["--port", "7001"], environ=env).port == 7001
+    with pytest.raises(ConfigError, match="PORT must be a number"):
+        parse_config([], environ={"PORT": "http"})

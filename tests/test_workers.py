@@ -8,58 +8,23 @@ import time
 
 import pytest
 
-from app.dispatcher import Dispatcher, DispatcherConfig
-from workers.cores import plan_layout
+from tests.pool import Pool, ask
 from workers.protocol import ChatMessage, Chunk, Done, FinishReason, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=48)
 LONG = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=400)
 
 
-def cores_for_two():
-    """Two disjoint single-core layouts: on a 1-core machine they share (forced), still 2 processes."""
-    cores = [(c,) for c in sorted(os.sched_getaffinity(0))]
-    return plan_layout(cores, workers=2, threads_per_worker=1, allow_oversubscribe=len(cores) < 2)
-
-
 @pytest.fixture(scope="module")
 def pool(bundled_model):
-    """A dispatcher with two ready workers, on its own event loop thread."""
-    loop = asyncio.new_event_loop()
-    dispatcher = Dispatcher(DispatcherConfig(cores_for_two(), bundled_model.path, bundled_model.name, "bfloat16"))
-
-    async def start():
-        dispatcher.start()
-        await dispatcher.wait_ready(timeout_s=180)
-
-    import threading
-
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    asyncio.run_coroutine_threadsafe(start(), loop).result()
-
-    def run(coro, timeout=120):
-        return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
-
-    yield dispatcher, run
-    run(dispatcher.stop())
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(5)
-
-
-async def ask(dispatcher, text, params=GREEDY):
-    reply, done = "", None
-    async for event in dispatcher.stream([ChatMessage("user", text)], params):
-        if isinstance(event, Chunk):
-            reply += event.text
-        elif isinstance(event, Done):
-            done = event
-    return reply, done
+    pool = Pool(bundled_model.path, bundled_model.name)
+    yield pool.dispatcher, pool.run
+    pool.close()
 
 
 def test_capital_of_france(pool):
     dispatcher, run = pool
-    reply, done = run(ask(dispatcher, "What is the capital of France?"))
+    reply, done = run(ask(dispatcher, "What is the capital of France?", GREEDY))
     assert "Paris" in reply
     assert done.finish_reason is FinishReason.STOP and done.metrics.completion_tokens > 0
 
@@ -113,7 +78,7 @@ def test_stop_frees_the_worker_and_no_more_tokens_arrive(pool):
         freed_after = time.monotonic() - stopped_at
         cancelled = [w.last_done for w in dispatcher.workers
                      if w.last_done and w.last_done.finish_reason is FinishReason.CANCELLED]
-        reply, _ = await ask(dispatcher, "What is the capital of France?")
+        reply, _ = await ask(dispatcher, "What is the capital of France?", GREEDY)
         return freed_after, cancelled, reply
 
     freed_after, cancelled, reply = run(scenario())

@@ -1,0 +1,71 @@
+"""Optional login for the page and the API (``--auth``), for share links and open hosts.
+
+    --auth alice:s3cret          one user
+    --auth ./users.txt           a file, one ``user:password`` per line (# comments allowed)
+
+The page uses Gradio's login form. API clients send either HTTP Basic credentials or the
+password as a bearer token (what the OpenAI SDK sends as ``api_key``). ``/health`` stays
+open so a load balancer or a Space can probe it; it shows no prompts.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import secrets
+from pathlib import Path
+
+from fastapi import HTTPException, Request
+
+Credentials = list[tuple[str, str]]
+
+
+class AuthError(ValueError):
+    """The --auth value cannot be used; the message says why."""
+
+
+def parse_auth(value: str) -> Credentials:
+    path = Path(value).expanduser()
+    lines = path.read_text().splitlines() if path.is_file() else [value]
+    creds = []
+    for line in lines:
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        user, sep, password = line.partition(":")
+        if not sep or not user or not password:
+            raise AuthError("--auth wants user:password (or a file of such lines)")
+        creds.append((user, password))
+    if not creds:
+        raise AuthError(f"--auth file {path} has no user:password line")
+    return creds
+
+
+def check_login(creds: Credentials, user: str, password: str) -> bool:
+    """Constant-time comparison, so timing does not reveal how much of a password matched."""
+    ok = False
+    for u, p in creds:
+        ok |= secrets.compare_digest(u.encode(), user.encode()) & secrets.compare_digest(p.encode(), password.encode())
+    return ok
+
+
+def api_guard(creds: Credentials):
+    """A FastAPI dependency accepting Basic user:password or ``Bearer <password>``."""
+
+    def guard(request: Request) -> None:
+        scheme, _, value = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "basic":
+            try:
+                user, _, password = base64.b64decode(value).decode().partition(":")
+            except (binascii.Error, UnicodeDecodeError):
+                user = password = ""
+            if check_login(creds, user, password):
+                return
+        elif scheme.lower() == "bearer":
+            if any(check_login(creds, u, value) for u, _ in creds):
+                return
+        raise HTTPException(401, "Authentication required: send your --auth credentials "
+                                 "(HTTP Basic, or the password as a bearer token).",
+                            headers={"WWW-Authenticate": 'Basic realm="cpu-chat"'})
+
+    return guard

@@ -1,0 +1,112 @@
+"""Worker processes that die: real SIGKILLs, real respawns, a queue that stays bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+from app.dispatcher import QueueFull, Queued, WorkerState, respawn_delay
+from tests.pool import Pool, ask
+from workers.protocol import ChatMessage, Chunk, Done, ErrorCode, Failed, SamplingParams
+
+LONG = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=300)
+SHORT = SamplingParams(temperature=0.0, max_new_tokens=24)
+
+
+@pytest.fixture()
+def pool(bundled_model):
+    pool = Pool(bundled_model.path, bundled_model.name, max_queue=1)
+    yield pool
+    pool.close()
+
+
+def test_backoff_doubles_and_is_capped():
+    assert [respawn_delay(n) for n in (1, 2, 3, 4)] == [0.5, 1.0, 2.0, 4.0]
+    assert respawn_delay(50) == 30.0
+
+
+def test_sigkill_mid_stream_fails_that_request_only_and_the_worker_comes_back(pool):
+    d = pool.dispatcher
+
+    async def scenario():
+        started = asyncio.Event()
+        results: dict[str, tuple] = {}
+
+        async def request(name, text, params):
+            reply, last, first_at = "", None, None
+            async for event in d.stream([ChatMessage("user", text)], params):
+                if isinstance(event, Chunk):
+                    reply += event.text
+                    if event.tokens >= 3:
+                        started.set()
+                elif isinstance(event, (Done, Failed)):
+                    last = event
+            results[name] = (reply, last, time.monotonic())
+
+        victim_task = asyncio.create_task(request("victim", "Count from 1 to 300.", LONG))
+        await started.wait()
+        victim = next(w for w in d.workers if w.state is WorkerState.BUSY)
+        survivor_task = asyncio.create_task(request("survivor", "Tell me about the sea.", SHORT))
+        await asyncio.sleep(0.2)
+        queued_task = asyncio.create_task(request("queued", "What is the capital of France?", SHORT))
+        await asyncio.sleep(0.2)
+        old_pid = victim.pid
+        killed_at = time.monotonic()
+        os.kill(old_pid, signal.SIGKILL)
+        await asyncio.gather(victim_task, survivor_task, queued_task)
+        await d.wait_ready(timeout_s=120)
+        return results, killed_at, victim, old_pid
+
+    results, killed_at, victim, old_pid = pool.run(scenario(), timeout=240)
+    _, failure, failed_at = results["victim"]
+    assert isinstance(failure, Failed) and failure.code is ErrorCode.UNAVAILABLE
+    assert "stopped unexpectedly" in failure.message and "send your message again" in failure.message
+    assert failed_at - killed_at < 2.0
+    assert isinstance(results["survivor"][1], Done)
+    assert isinstance(results["queued"][1], Done) and "Paris" in results["queued"][0]
+    assert victim.pid != old_pid and victim.restarts == 1 and victim.state is WorkerState.IDLE
+    reply, done = pool.run(ask(pool.dispatcher, "What is the capital of France?", SHORT))
+    assert isinstance(done, Done) and "Paris" in reply
+
+
+def test_queue_is_bounded_and_tells_the_waiting_user_their_place(pool):
+    d = pool.dispatcher
+
+    async def scenario():
+        busy = [asyncio.create_task(ask(d, f"Count from 1 to 300, take {i}.", LONG)) for i in range(2)]
+        while sum(w.state is WorkerState.BUSY for w in d.workers) < 2:
+            await asyncio.sleep(0.01)
+        waiting = d.stream([ChatMessage("user", "hi")], SHORT)
+        first = await anext(waiting)  # position 1 of a queue of at most 1
+        with pytest.raises(QueueFull, match="busy"):
+            await anext(d.stream([ChatMessage("user", "hi")], SHORT))
+        await waiting.aclose()  # leaving the queue gives the place up at once
+        depth_after_leaving = d.queue_depth
+        for task in busy:
+            task.cancel()
+        await asyncio.gather(*busy, return_exceptions=True)
+        return first, depth_after_leaving
+
+    first, depth = pool.run(scenario())
+    assert first == Queued(position=1)
+    assert depth == 0
+
+
+def test_a_worker_that_cannot_load_backs_off_instead_of_spinning(tmp_path):
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    pool = Pool(str(broken), wait_ready=False)
+    try:
+        time.sleep(12)
+        workers = pool.dispatcher.workers
+        assert all(w.state is not WorkerState.IDLE for w in workers)
+        # each crash waits 0.5, 1, 2, 4 ... s before the next start; a spinning loop would be far above
+        assert all(1 <= w.restarts <= 4 for w in workers), [w.restarts for w in workers]
+        assert all(w.crashes_in_a_row == w.restarts for w in workers)
+    finally:
+        pool.close()
