@@ -19,9 +19,10 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Literal
 
-from fastapi import APIRouter, Depends, HTTPException
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from app.auth import Credentials, api_guard
 from app.dispatcher import Dispatcher, Queued, QueueFull
@@ -46,6 +47,12 @@ STATUS_FOR = {ErrorCode.INVALID_REQUEST: 400, ErrorCode.UNAVAILABLE: 503, ErrorC
 class MessageIn(BaseModel):
     role: Literal["system", "user", "assistant"]
     content: str = Field(max_length=MAX_MESSAGE_CHARS)
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _clean(cls, value):
+        """Broken clients send unpaired surrogates for bad UTF-8: replace them, don't 500."""
+        return clean_text(value) if isinstance(value, str) else value
 
 
 class ChatRequest(BaseModel):
@@ -81,6 +88,28 @@ class ChatRequest(BaseModel):
         return [ChatMessage(m.role, clean_text(m.content)) for m in history] + [
             ChatMessage("user", check_message(last.content))
         ]
+
+
+async def parse_body(request: Request) -> ChatRequest:
+    """Decode and validate by hand, so a body that is not UTF-8 JSON gets a message that says so."""
+    raw = await request.body()
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise HTTPException(400, f"The request body is not valid UTF-8 (byte {exc.start}); send UTF-8 JSON.") from exc
+    except json.JSONDecodeError as exc:
+        raise HTTPException(400, f"The request body is not valid JSON: {exc}") from exc
+    try:
+        return ChatRequest.model_validate(data)
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors()) from exc
+
+
+async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    """422 naming each bad field, without echoing the input back (it may be huge, or unencodable)."""
+    fields = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+              for e in exc.errors()]
+    return JSONResponse({"detail": fields}, status_code=422)
 
 
 def usage(done: Done) -> dict:
@@ -119,7 +148,8 @@ def build_router(dispatcher: Dispatcher, model: ResolvedModel, defaults: Samplin
         return {"object": "list", "data": [{"id": model.name, "object": "model", "owned_by": "local"}]}
 
     @router.post("/v1/chat/completions", dependencies=protected)
-    async def chat_completions(req: ChatRequest):
+    async def chat_completions(request: Request):
+        req = await parse_body(request)
         try:
             messages = req.chat_messages()
         except InvalidInput as exc:

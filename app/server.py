@@ -16,8 +16,9 @@ from pathlib import Path
 import gradio as gr
 import uvicorn
 from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
 
-from app.api import build_router
+from app.api import build_router, validation_error
 from app.auth import AuthError, Credentials, parse_auth
 from app.config import AppConfig
 from app.dispatcher import Dispatcher, DispatcherConfig
@@ -57,6 +58,7 @@ def build_app(config: AppConfig, dispatcher: Dispatcher, model: ResolvedModel,
             await dispatcher.stop()
 
     app = FastAPI(title="CPU Chat", lifespan=lifespan)
+    app.add_exception_handler(RequestValidationError, validation_error)
     app.include_router(build_router(dispatcher, model, config.sampling, auth))
     demo = build_ui(dispatcher, model, config.system_prompt, config.sampling)
     return gr.mount_gradio_app(app, demo, path="/", auth=auth or None)
