@@ -24,6 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--oversubscribe", action="store_true", default=None,
                    help="allow workers × threads above the physical core count")
     p.add_argument("--dtype", choices=["auto", "bfloat16", "float32"])
+    p.add_argument("--quantize", choices=["none", "int8"], help="int8: weight-only, every linear layer")
+    p.add_argument("--engine", choices=["auto", "hf"],
+                   help="auto: the lean decoder where the architecture allows; hf: transformers")
     p.add_argument("--host", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int)
     p.add_argument("--share", action="store_true", default=None, help="create a public Gradio share link")

@@ -32,6 +32,8 @@ class AppConfig:
     threads_per_worker: int | str = "auto"
     oversubscribe: bool = False
     dtype: str = "auto"
+    quantize: str = "int8"  # "int8" (weight-only, every linear layer) | "none"
+    engine: str = "auto"  # "auto": the lean decoder where the architecture allows, else "hf"
     host: str = "127.0.0.1"
     port: int = 7860
     share: bool = False
@@ -82,3 +84,7 @@ def validate(config: AppConfig) -> None:
         raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {config.log_level!r}")
     if config.dtype not in ("auto", "bfloat16", "float32"):
         raise ConfigError(f"dtype must be auto, bfloat16 or float32, got {config.dtype!r}")
+    if config.quantize not in ("none", "int8"):
+        raise ConfigError(f"quantize must be none or int8, got {config.quantize!r}")
+    if config.engine not in ("auto", "hf"):
+        raise ConfigError(f"engine must be auto or hf, got {config.engine!r}")

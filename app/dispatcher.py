@@ -136,6 +136,7 @@ class DispatcherConfig:
     model_path: str
     model_name: str
     dtype: str
+    weights: str | None = None  # prepared lean-decoder weights, shared by every worker
     max_queue: int = 64
     engine: dict = field(default_factory=dict)
     log_level: int = logging.INFO
@@ -147,7 +148,7 @@ class Dispatcher:
         self._ctx = multiprocess.get_context("spawn")
         self.workers = [
             WorkerHandle(WorkerSpec(layout, config.model_path, config.model_name, config.dtype,
-                                    log_level=config.log_level, engine=config.engine))
+                                    weights=config.weights, log_level=config.log_level, engine=config.engine))
             for layout in config.layouts
         ]
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -25,10 +25,24 @@ from app.dispatcher import Dispatcher, DispatcherConfig
 from app.ui import build_ui
 from workers.cores import LayoutError, auto_workers, physical_cores, plan_layout
 from workers.loader import ModelNotFound, ResolvedModel, resolve_dtype, resolve_model
+from workers.model import UnsupportedModel
+from workers.weights import prepare
 
 log = logging.getLogger(__name__)
 
 GRACEFUL_SHUTDOWN_S = 3  # open page connections (Gradio's event stream) are cut after this
+
+
+def prepare_weights(config: AppConfig, model: ResolvedModel, dtype: str) -> str | None:
+    """The lean decoder's weights file (written once, shared by all workers), or None for transformers."""
+    if config.engine == "hf":
+        return None
+    try:
+        return str(prepare(model.path, dtype, config.quantize, Path(config.cache_dir).expanduser()))
+    except UnsupportedModel as exc:
+        log.warning("The lean decoder does not support this model (%s); using transformers%s.", exc,
+                    ", without int8" if config.quantize != "none" else "")
+        return None
 
 
 def build_dispatcher(config: AppConfig, model: ResolvedModel) -> Dispatcher:
@@ -36,11 +50,13 @@ def build_dispatcher(config: AppConfig, model: ResolvedModel) -> Dispatcher:
     workers = auto_workers(len(cores)) if config.workers == "auto" else config.workers
     threads = None if config.threads_per_worker == "auto" else config.threads_per_worker
     layouts = plan_layout(cores, workers, threads, allow_oversubscribe=config.oversubscribe)
+    dtype = resolve_dtype(config.dtype)
     return Dispatcher(DispatcherConfig(
         layouts=layouts,
         model_path=model.path,
         model_name=model.name,
-        dtype=resolve_dtype(config.dtype),
+        dtype=dtype,
+        weights=prepare_weights(config, model, dtype),
         max_queue=config.max_queue,
         engine={"max_context_tokens": config.max_context_tokens},
         log_level=logging.getLevelName(config.log_level.upper()),

@@ -11,6 +11,7 @@ import pytest
 
 from app.dispatcher import QueueFull, Queued, WorkerState, respawn_delay
 from tests.pool import Pool, ask
+from workers.weights import prepare
 from workers.protocol import ChatMessage, Chunk, Done, ErrorCode, Failed, SamplingParams
 
 LONG = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=300)
@@ -18,8 +19,9 @@ SHORT = SamplingParams(temperature=0.0, max_new_tokens=24)
 
 
 @pytest.fixture()
-def pool(bundled_model):
-    pool = Pool(bundled_model.path, bundled_model.name, max_queue=1)
+def pool(bundled_model, cache_dir):
+    pool = Pool(bundled_model.path, bundled_model.name, max_queue=1,
+                weights=str(prepare(bundled_model.path, "bfloat16", "int8", cache_dir)))
     yield pool
     pool.close()
 

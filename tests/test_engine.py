@@ -5,6 +5,7 @@ import torch
 
 from workers.engine import Engine, EngineConfig, Finished, PromptTooLong, Step, encode_chat, sample
 from workers.loader import load
+from workers.weights import prepare
 from workers.protocol import ChatMessage, FinishReason, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=12)
@@ -17,16 +18,21 @@ def run(engine, ids, params=GREEDY, session=None):
     return "".join(s.text for s in steps[:-1]) + finished.tail_text, finished
 
 
-@pytest.fixture(scope="module")
-def tiny_engine(tiny_qwen):
-    tokenizer, model = load(str(tiny_qwen), "float32")
-    return Engine(model, tokenizer, EngineConfig(max_context_tokens=256))
+def make_engine(path: str, dtype: str, decoder: str, cache_dir, **config) -> Engine:
+    """decoder: "lean" (workers.model, mmapped prepared weights), "int8" (lean, quantized) or "hf"."""
+    weights = None if decoder == "hf" else str(prepare(path, dtype, "int8" if decoder == "int8" else "none", cache_dir))
+    loaded = load(path, dtype, weights)
+    return Engine(loaded.decoder, loaded.tokenizer, loaded.stop_ids, EngineConfig(**config))
+
+
+@pytest.fixture(scope="module", params=["lean", "hf"])
+def tiny_engine(request, tiny_qwen, tmp_path_factory):
+    return make_engine(str(tiny_qwen), "float32", request.param, tmp_path_factory.mktemp("w"), max_context_tokens=256)
 
 
 @pytest.fixture(scope="module")
-def smol_engine(bundled_model):
-    tokenizer, model = load(bundled_model.path, "bfloat16")
-    return Engine(model, tokenizer)
+def smol_engine(bundled_model, cache_dir):
+    return make_engine(bundled_model.path, "bfloat16", "lean", cache_dir)
 
 
 def test_greedy_is_deterministic_and_respects_the_budget(tiny_engine):

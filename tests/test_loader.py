@@ -29,9 +29,9 @@ def test_gguf_conversion_happens_once(bundled_model, cache_dir):
 def test_local_qwen2_directory_loads_and_generates(tiny_qwen, cache_dir):
     model = resolve_model(str(tiny_qwen), cache_dir)
     assert (model.source, model.path) == ("local", str(tiny_qwen))
-    tokenizer, m = load(model.path, "float32")
-    assert m.config.model_type == "qwen2"
-    engine = Engine(m, tokenizer)
+    loaded = load(model.path, "float32")
+    assert loaded.decoder.model.config.model_type == "qwen2"
+    engine = Engine(loaded.decoder, loaded.tokenizer, loaded.stop_ids)
     ids = engine.prompt([ChatMessage("user", "hi")], 4).ids
     assert sum(1 for _ in engine.generate(ids, SamplingParams(temperature=0, max_new_tokens=4))) >= 2
 

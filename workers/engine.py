@@ -22,7 +22,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache
 
 from workers.detokenize import IncrementalDetokenizer
 from workers.protocol import ChatMessage, FinishReason, SamplingParams
@@ -61,8 +60,7 @@ class Finished:
 @dataclass
 class _Session:
     ids: list[int]  # token ids whose keys/values are in ``cache``
-    cache: DynamicCache
-    nbytes: int = 0
+    cache: object  # the decoder's cache: has .length, .truncate(n), .nbytes
 
 
 # --- prompt -------------------------------------------------------------------------
@@ -157,14 +155,16 @@ class EngineConfig:
 
 @dataclass
 class Engine:
-    model: object
+    """Generation over a decoder: anything with ``new_cache()`` and ``forward(ids [S], cache) -> [V]``
+    (``workers.model.Transformer``, or ``workers.hf_decoder.HFDecoder`` for other architectures)."""
+
+    decoder: object
     tokenizer: object
+    stop_ids: set[int]
     config: EngineConfig = field(default_factory=EngineConfig)
 
     def __post_init__(self) -> None:
-        model_window = getattr(self.model.config, "max_position_embeddings", None) or 2048
-        self.context_tokens = min(model_window, self.config.max_context_tokens)
-        self.stop_ids = stop_token_ids(self.tokenizer, self.model)
+        self.context_tokens = min(self.decoder.max_seq_len, self.config.max_context_tokens)
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
 
     # prompt --------------------------------------------------------------------------
@@ -176,32 +176,30 @@ class Engine:
 
     # model steps ---------------------------------------------------------------------
 
-    def _forward(self, ids: list[int], cache: DynamicCache) -> torch.Tensor:
-        """Run ``ids`` through the model on top of ``cache``; logits of the last position, [V]."""
-        input_ids = torch.tensor([ids], dtype=torch.long)  # [1, S]
-        out = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
-        return out.logits[0, -1].float()  # [V]
+    def _forward(self, ids: list[int], cache) -> torch.Tensor:
+        """Run ``ids`` through the decoder on top of ``cache``; logits of the last position, [V]."""
+        return self.decoder.forward(torch.tensor(ids, dtype=torch.long), cache)
 
-    def _session_cache(self, session_id: str | None, prompt_ids: list[int]) -> tuple[DynamicCache, int]:
+    def _session_cache(self, session_id: str | None, prompt_ids: list[int]):
         """A cache holding the longest cached prefix of ``prompt_ids``, and that prefix's length."""
         session = self._sessions.pop(session_id, None) if session_id else None
         if session is None:
-            return DynamicCache(config=self.model.config), 0
+            return self.decoder.new_cache(), 0
         common = 0
         for a, b in zip(session.ids, prompt_ids):
             if a != b:
                 break
             common += 1
         common = min(common, len(prompt_ids) - 1)  # at least one token to prefill for logits
-        session.cache.crop(-(session.cache.get_seq_length() - common))  # v5: negative = drop
+        session.cache.truncate(common)
         return session.cache, common
 
-    def _keep_session(self, session_id: str | None, ids: list[int], cache: DynamicCache) -> None:
+    def _keep_session(self, session_id: str | None, ids: list[int], cache) -> None:
+        """Keep this conversation's cache; evict least recently used ones past the memory budget."""
         if not session_id:
             return
-        nbytes = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values) if t is not None)
-        self._sessions[session_id] = _Session(ids=ids, cache=cache, nbytes=nbytes)
-        while sum(s.nbytes for s in self._sessions.values()) > self.config.session_cache_bytes and len(self._sessions) > 1:
+        self._sessions[session_id] = _Session(ids=ids, cache=cache)
+        while len(self._sessions) > 1 and sum(s.cache.nbytes for s in self._sessions.values()) > self.config.session_cache_bytes:
             self._sessions.popitem(last=False)
 
     # generation ----------------------------------------------------------------------
@@ -251,10 +249,10 @@ class Engine:
         )
 
 
-def stop_token_ids(tokenizer, model) -> set[int]:
-    """EOS ids from the tokenizer and generation config, plus known end-of-turn tokens."""
+def stop_token_ids(tokenizer, generation_eos: int | list[int] | None) -> set[int]:
+    """EOS ids from the tokenizer and the generation config, plus known end-of-turn tokens."""
     ids: set[int] = set()
-    for source in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+    for source in (tokenizer.eos_token_id, generation_eos):
         if isinstance(source, int):
             ids.add(source)
         elif source:

@@ -167,12 +167,40 @@ def resolve_dtype(dtype: str) -> str:
     return dtype
 
 
-def load(path: str, dtype: str):
-    """Load tokenizer and model from a resolved local directory, in eval mode."""
+@dataclass
+class Loaded:
+    tokenizer: object
+    decoder: object  # workers.model.Transformer or workers.hf_decoder.HFDecoder
+    stop_ids: set[int]
+
+
+def load(path: str, dtype: str, weights: str | None = None) -> Loaded:
+    """Tokenizer and decoder for a resolved model directory.
+
+    ``weights`` is a file made by ``workers.weights.prepare`` (lean decoder, memory-mapped);
+    without it the transformers model is loaded (any architecture, slower per token).
+    """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from workers.engine import stop_token_ids
 
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
-    model.eval()
-    return tokenizer, model
+    try:
+        eos = GenerationConfig.from_pretrained(path).eos_token_id
+    except OSError:  # no generation_config.json
+        eos = None
+    if weights:
+        from workers import weights as lean_weights
+        from workers.model import Transformer
+
+        args, tensors = lean_weights.load(Path(weights))
+        decoder = Transformer(args, tensors)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        from workers.hf_decoder import HFDecoder
+
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+        decoder = HFDecoder(model.eval())
+    return Loaded(tokenizer, decoder, stop_token_ids(tokenizer, eos))

@@ -47,6 +47,7 @@ class WorkerSpec:
     model_path: str
     model_name: str
     dtype: str  # "bfloat16" | "float32", already resolved
+    weights: str | None = None  # prepared lean-decoder weights (workers.weights); None: transformers
     warmup_tokens: int = 8
     log_level: int = logging.INFO
     engine: dict = field(default_factory=dict)  # EngineConfig fields
@@ -81,8 +82,8 @@ def run_worker(spec: WorkerSpec, conn) -> None:
     from workers.loader import load
 
     started = time.monotonic()
-    tokenizer, model = load(spec.model_path, spec.dtype)
-    engine = Engine(model, tokenizer, EngineConfig(**spec.engine))
+    loaded = load(spec.model_path, spec.dtype, spec.weights)
+    engine = Engine(loaded.decoder, loaded.tokenizer, loaded.stop_ids, EngineConfig(**spec.engine))
     warm_up(engine, spec.warmup_tokens)
     load_s = time.monotonic() - started
     log.info("ready in %.1f s on cpus %s with %d threads", load_s, spec.layout.cpus, torch.get_num_threads())

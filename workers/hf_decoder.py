@@ -1,0 +1,42 @@
+"""The transformers model behind the same two calls as the lean decoder, for other architectures.
+
+Slower per token (see workers/model.py for why), but it runs anything transformers runs,
+so ``--model`` accepts any causal-LM directory.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+
+class HFCache:
+    def __init__(self, config) -> None:
+        self.inner = DynamicCache(config=config)
+        self.length = 0
+
+    def truncate(self, length: int) -> None:
+        if length < self.length:
+            self.inner.crop(length - self.length)  # transformers 5: negative = tokens to drop
+            self.length = length
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for layer in self.inner.layers
+                   for t in (layer.keys, layer.values) if t is not None)
+
+
+class HFDecoder:
+    def __init__(self, model) -> None:
+        self.model = model
+        self.max_seq_len = getattr(model.config, "max_position_embeddings", None) or 2048
+
+    def new_cache(self) -> HFCache:
+        return HFCache(self.model.config)
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, cache: HFCache) -> torch.Tensor:
+        """New token ids [S] after the cached ones → logits of the last position, [V] fp32."""
+        out = self.model(input_ids=ids.unsqueeze(0), cache=cache.inner, use_cache=True, logits_to_keep=1)
+        cache.length += ids.shape[0]
+        return out.logits[0, -1].float()

@@ -1,0 +1,229 @@
+"""A lean decoder for the Llama / Qwen2 family: the forward pass and nothing else.
+
+Why not the transformers model: at batch 1 on a CPU, decode is bound by reading the
+weights once per token, and what separates an engine from that limit is per-token
+overhead — cache objects, mask builders, hooks, many small ops. This module is that
+forward pass alone, in the style of gpt-fast's ``model.py``:
+
+* q/k/v and gate/up are fused into one matmul each (fewer, larger kernels at M=1);
+* every linear is either a plain ``F.linear`` in the compute dtype or int8 weight-only
+  (``aten._weight_int8pack_mm``: int8 weights, per-output-channel scales), the lm_head too;
+* the KV cache is pre-allocated and grows by doubling, so decode never concatenates;
+* weights are views into a memory-mapped file (see ``workers.weights``), so N workers
+  share one copy through the page cache.
+
+Shapes: B = 1 always; S = new tokens; T = cached + new tokens; H / Hkv = query / kv heads;
+D = head dim; E = model width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+SUPPORTED_TYPES = ("llama", "qwen2")
+
+
+class UnsupportedModel(ValueError):
+    """This architecture is not one the lean decoder implements (the engine then uses transformers)."""
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    norm_eps: float
+    rope_theta: float
+    qkv_bias: bool
+    tie_embeddings: bool
+    max_seq_len: int
+
+    @classmethod
+    def from_hf_config(cls, cfg) -> ModelArgs:
+        if cfg.model_type not in SUPPORTED_TYPES:
+            raise UnsupportedModel(f"model_type {cfg.model_type!r} (lean decoder: {', '.join(SUPPORTED_TYPES)})")
+        rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+        if rope.get("rope_type", "default") != "default":
+            raise UnsupportedModel(f"rope_type {rope.get('rope_type')!r}")
+        theta = rope.get("rope_theta") or getattr(cfg, "rope_theta", None) or 10000.0
+        if getattr(cfg, "use_sliding_window", False):
+            raise UnsupportedModel("sliding-window attention")
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        return cls(
+            vocab_size=cfg.vocab_size,
+            dim=cfg.hidden_size,
+            n_layers=cfg.num_hidden_layers,
+            n_heads=cfg.num_attention_heads,
+            n_kv_heads=cfg.num_key_value_heads or cfg.num_attention_heads,
+            head_dim=head_dim,
+            intermediate_size=cfg.intermediate_size,
+            norm_eps=cfg.rms_norm_eps,
+            rope_theta=float(theta),
+            qkv_bias=cfg.model_type == "qwen2" or bool(getattr(cfg, "attention_bias", False)),
+            tie_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+            max_seq_len=cfg.max_position_embeddings,
+        )
+
+
+class Linear:
+    """``y = x W^T (+ b)`` with W in the compute dtype, or int8 with per-row scales."""
+
+    def __init__(self, weight: torch.Tensor, scales: torch.Tensor | None = None, bias: torch.Tensor | None = None):
+        self.weight, self.scales, self.bias = weight, scales, bias  # [N, K], [N] | None, [N] | None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., K] -> [..., N]
+        if self.scales is None:
+            return F.linear(x, self.weight, self.bias)
+        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, x.shape[-1]), self.weight, self.scales)
+        y = y.reshape(*x.shape[:-1], -1)
+        return y if self.bias is None else y + self.bias
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.weight, self.scales, self.bias) if t is not None)
+
+
+@dataclass
+class Layer:
+    attn_norm: torch.Tensor  # [E]
+    qkv: Linear  # E -> (H + 2 Hkv) D
+    o: Linear  # H D -> E
+    mlp_norm: torch.Tensor  # [E]
+    gate_up: Linear  # E -> 2 I
+    down: Linear  # I -> E
+
+
+class KVCache:
+    """Keys and values of one conversation, [n_layers, Hkv, capacity, D] each; grows by doubling."""
+
+    def __init__(self, args: ModelArgs, dtype: torch.dtype, capacity: int = 256) -> None:
+        self.args, self.dtype, self.length = args, dtype, 0
+        shape = (args.n_layers, args.n_kv_heads, capacity, args.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype)
+        self.v = torch.zeros(shape, dtype=dtype)
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    def reserve(self, total: int) -> None:
+        if total <= self.capacity:
+            return
+        capacity = max(total, 2 * self.capacity)
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            new = torch.zeros(old.shape[0], old.shape[1], capacity, old.shape[3], dtype=self.dtype)
+            new[:, :, : self.length] = old[:, :, : self.length]
+            setattr(self, name, new)
+
+    def truncate(self, length: int) -> None:
+        """Forget everything after ``length`` tokens (positions are simply overwritten later)."""
+        self.length = min(self.length, length)
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+
+class Transformer:
+    """Forward pass over a dict of tensors laid out by ``workers.weights.prepare``."""
+
+    def __init__(self, args: ModelArgs, tensors: dict[str, torch.Tensor]) -> None:
+        self.args = args
+        self.max_seq_len = args.max_seq_len
+        self.dtype = tensors["embed"].dtype
+        self.embed = tensors["embed"]  # [V, E]
+
+        def linear(prefix: str) -> Linear:
+            return Linear(tensors[f"{prefix}.w"], tensors.get(f"{prefix}.s"), tensors.get(f"{prefix}.b"))
+
+        self.layers = [
+            Layer(
+                attn_norm=tensors[f"layers.{i}.attn_norm"],
+                qkv=linear(f"layers.{i}.qkv"),
+                o=linear(f"layers.{i}.o"),
+                mlp_norm=tensors[f"layers.{i}.mlp_norm"],
+                gate_up=linear(f"layers.{i}.gate_up"),
+                down=linear(f"layers.{i}.down"),
+            )
+            for i in range(args.n_layers)
+        ]
+        self.norm = tensors["norm"]
+        self.lm_head = linear("lm_head") if "lm_head.w" in tensors else Linear(self.embed)  # tied
+        inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, args.head_dim, 2, dtype=torch.float32) / args.head_dim))
+        self._inv_freq = inv_freq  # [D/2]
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.args, self.dtype)
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = torch.outer(positions.float(), self._inv_freq)  # [S, D/2]
+        emb = torch.cat([freqs, freqs], dim=-1)  # [S, D]
+        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.args.norm_eps)).to(self.dtype)
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Run new token ids [S] after the ``cache.length`` cached ones; logits of the last, [V] fp32."""
+        a = self.args
+        S, start = ids.shape[0], cache.length
+        T = start + S
+        cache.reserve(T)
+        cos, sin = self._rope(torch.arange(start, T))  # [S, D]
+        mask = None
+        if S > 1:  # new token i sees cached tokens and new tokens up to itself
+            mask = torch.ones(S, T, dtype=torch.bool).tril(diagonal=start)  # [S, T]
+        x = self.embed[ids].unsqueeze(0)  # [1, S, E]
+        q_size, kv_size = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
+        for i, layer in enumerate(self.layers):
+            h = self._norm(x, layer.attn_norm)
+            q, k, v = layer.qkv(h).split([q_size, kv_size, kv_size], dim=-1)  # [1, S, *]
+            q = q.view(1, S, a.n_heads, a.head_dim).transpose(1, 2)  # [1, H, S, D]
+            k = k.view(1, S, a.n_kv_heads, a.head_dim).transpose(1, 2)  # [1, Hkv, S, D]
+            v = v.view(1, S, a.n_kv_heads, a.head_dim).transpose(1, 2)
+            q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+            cache.k[i, :, start:T] = k[0]
+            cache.v[i, :, start:T] = v[0]
+            keys = cache.k[i, :, :T].unsqueeze(0)  # [1, Hkv, T, D]
+            values = cache.v[i, :, :T].unsqueeze(0)
+            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)  # [1, H, S, D]
+            x = x + layer.o(o.transpose(1, 2).reshape(1, S, q_size))
+            h = self._norm(x, layer.mlp_norm)
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
+        cache.length = T
+        x = self._norm(x[:, -1], self.norm)  # [1, E]
+        return self.lm_head(x)[0].float()  # [V]
+
+    @property
+    def weight_bytes_per_token(self) -> int:
+        """Bytes of weights one decode step reads: the memory-bandwidth bound of decoding."""
+        linears = [self.lm_head] + [l for layer in self.layers for l in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        return sum(l.nbytes for l in linears)
+
+
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE (the transformers convention): x [1, h, S, D], cos/sin [S, D]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-channel int8: W ≈ q * s[:, None]. Returns (q [N, K] int8, s [N] fp32)."""
+    w = weight.float()
+    scales = w.abs().amax(dim=1).clamp(min=1e-8) / 127.0
+    q = torch.round(w / scales[:, None]).clamp(-128, 127).to(torch.int8)
+    return q, scales
+
+

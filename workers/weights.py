@@ -1,0 +1,141 @@
+"""Weights for the lean decoder: prepared once per (model, dtype, quantization), then mmapped.
+
+``prepare`` runs in the parent before any worker starts. It reads the model's safetensors,
+fuses q/k/v and gate/up, casts to the compute dtype, optionally quantizes every linear
+(lm_head included) to int8 with per-channel scales, and writes one file (safetensors'
+layout, 64-byte aligned) into the cache directory. ``load`` maps that file read-only-shared into a worker and builds
+tensors that point straight into the mapping: no copy, so N workers share one set of
+weights through the page cache, and a restart reads nothing from disk that is cached.
+
+    path = prepare("/models/qwen", "bfloat16", "int8", cache_dir)   # parent, once
+    args, tensors = load(path)                                       # each worker
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import mmap
+import os
+import struct
+import tempfile
+from pathlib import Path
+
+import torch
+
+from workers.model import ModelArgs, UnsupportedModel, quantize_int8
+
+FORMAT_VERSION = 1
+QUANTIZATIONS = ("none", "int8")
+ALIGN = 64
+_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "I8": torch.int8}
+_CODES = {dtype: code for code, dtype in _DTYPES.items()}
+
+
+def prepare(model_path: str, dtype: str, quantize: str, cache_dir: Path) -> Path:
+    """The prepared weights file for this model, dtype and quantization; written if missing."""
+    from transformers import AutoConfig
+
+    if quantize not in QUANTIZATIONS:
+        raise ValueError(f"--quantize must be one of {', '.join(QUANTIZATIONS)}, got {quantize!r}")
+    args = ModelArgs.from_hf_config(AutoConfig.from_pretrained(model_path))
+    shards = sorted(Path(model_path).glob("*.safetensors"))
+    if not shards:
+        raise UnsupportedModel(f"no .safetensors weights in {model_path}")
+    stamp = ";".join(f"{p.resolve()}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in shards)
+    key = hashlib.sha256(f"{FORMAT_VERSION};{stamp};{dtype};{quantize}".encode()).hexdigest()[:12]
+    out = cache_dir / "prepared" / f"{Path(model_path).name}-{dtype}-{quantize}-{key}.weights"
+    if out.is_file():
+        return out
+    from safetensors.torch import load_file
+
+    state: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        state.update(load_file(shard))
+    tensors = _layout(state, args, getattr(torch, dtype), quantize == "int8")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            save_aligned(tensors, f, {"args": json.dumps(dataclasses.asdict(args))})
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+def save_aligned(tensors: dict[str, torch.Tensor], f, metadata: dict[str, str]) -> None:
+    """safetensors' layout (u64 header length, JSON header, data), but every tensor starts
+    on a 64-byte boundary: the int8 matmul kernel crashes on misaligned weights, and an
+    mmap is page-aligned, so file alignment is memory alignment. (Standard safetensors
+    forbids the gaps this leaves, hence the private ``.weights`` suffix.)"""
+    header: dict = {"__metadata__": metadata}
+    offset = 0
+    for name, t in tensors.items():
+        offset = -(-offset // ALIGN) * ALIGN
+        nbytes = t.numel() * t.element_size()
+        header[name] = {"dtype": _CODES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    encoded = json.dumps(header).encode()
+    encoded += b" " * ((-(8 + len(encoded))) % ALIGN)
+    f.write(struct.pack("<Q", len(encoded)) + encoded)
+    base = f.tell()
+    for name, t in tensors.items():
+        f.seek(base + header[name]["data_offsets"][0])
+        f.write(t.contiguous().view(torch.uint8).numpy().tobytes())
+
+
+def _layout(state: dict[str, torch.Tensor], args: ModelArgs, dtype: torch.dtype, int8: bool) -> dict[str, torch.Tensor]:
+    """transformers' names → the lean decoder's fused tensors."""
+    state = {k.removeprefix("model."): v for k, v in state.items()}
+    out: dict[str, torch.Tensor] = {}
+
+    def put_linear(name: str, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        if int8:
+            q, scales = quantize_int8(weight)
+            out[f"{name}.w"], out[f"{name}.s"] = q, scales.to(dtype)
+        else:
+            out[f"{name}.w"] = weight.to(dtype).contiguous()
+        if bias is not None:
+            out[f"{name}.b"] = bias.to(dtype).contiguous()
+
+    out["embed"] = state["embed_tokens.weight"].to(dtype).contiguous()
+    out["norm"] = state["norm.weight"].to(dtype).contiguous()
+    if not args.tie_embeddings:
+        put_linear("lm_head", state["lm_head.weight"])
+    elif int8:  # tied: an int8 copy for the output projection, the embedding stays exact
+        put_linear("lm_head", state["embed_tokens.weight"])
+    for i in range(args.n_layers):
+        p = f"layers.{i}"
+        attn = {n: state[f"{p}.self_attn.{n}_proj.weight"] for n in "qkvo"}
+        bias = None
+        if args.qkv_bias:
+            bias = torch.cat([state[f"{p}.self_attn.{n}_proj.bias"] for n in "qkv"])
+        put_linear(f"{p}.qkv", torch.cat([attn["q"], attn["k"], attn["v"]]), bias)
+        put_linear(f"{p}.o", attn["o"])
+        mlp = {n: state[f"{p}.mlp.{n}_proj.weight"] for n in ("gate", "up", "down")}
+        put_linear(f"{p}.gate_up", torch.cat([mlp["gate"], mlp["up"]]))
+        put_linear(f"{p}.down", mlp["down"])
+        out[f"{p}.attn_norm"] = state[f"{p}.input_layernorm.weight"].to(dtype).contiguous()
+        out[f"{p}.mlp_norm"] = state[f"{p}.post_attention_layernorm.weight"].to(dtype).contiguous()
+    return out
+
+
+def load(path: Path) -> tuple[ModelArgs, dict[str, torch.Tensor]]:
+    """Map a prepared file and return tensors that are views into the mapping (zero copy)."""
+    with open(path, "rb") as f:
+        # ACCESS_COPY: private, copy-on-write. We never write, so every page stays shared
+        # with the page cache (and with the other workers); torch gets a writable buffer.
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    (header_len,) = struct.unpack("<Q", mapped[:8])
+    header = json.loads(mapped[8 : 8 + header_len])
+    meta = header.pop("__metadata__", {})
+    base = 8 + header_len
+    tensors = {}
+    for name, info in header.items():
+        start, end = info["data_offsets"]
+        raw = torch.frombuffer(mapped, dtype=torch.uint8, count=end - start, offset=base + start)
+        tensors[name] = raw.view(_DTYPES[info["dtype"]]).reshape(info["shape"])
+    return ModelArgs(**json.loads(meta["args"])), tensors
