@@ -204,7 +204,7 @@ class Engine:
 
     # generation ----------------------------------------------------------------------
 
-    @torch.inference_mode()  # torch re-enters the mode at each resumption of a generator
+    @torch.no_grad()  # torch re-enters the mode at each resumption of a generator
     def generate(
         self, prompt_ids: list[int], params: SamplingParams, session_id: str | None = None
     ) -> Iterator[Step | Finished]:

@@ -72,8 +72,16 @@ class ModelArgs:
         )
 
 
+DEQUANT_MIN_ROWS = 32  # from this many tokens at once (prefill), int8 weights go through a GEMM
+
+
 class Linear:
-    """``y = x W^T (+ b)`` with W in the compute dtype, or int8 with per-row scales."""
+    """``y = x W^T (+ b)`` with W in the compute dtype, or int8 with per-row scales.
+
+    The int8 kernel streams weights at memory speed for a few rows (decode) but is
+    several times slower than a bf16 GEMM for hundreds (prefill); there the weight is
+    widened to the activation dtype first — exact, since int8 values fit bf16.
+    """
 
     def __init__(self, weight: torch.Tensor, scales: torch.Tensor | None = None, bias: torch.Tensor | None = None):
         self.weight, self.scales, self.bias = weight, scales, bias  # [N, K], [N] | None, [N] | None
@@ -81,7 +89,11 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., K] -> [..., N]
         if self.scales is None:
             return F.linear(x, self.weight, self.bias)
-        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, x.shape[-1]), self.weight, self.scales)
+        rows = x.reshape(-1, x.shape[-1])  # [M, K]
+        if rows.shape[0] >= DEQUANT_MIN_ROWS:
+            y = F.linear(rows, self.weight.to(x.dtype)) * self.scales
+        else:
+            y = torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scales)
         y = y.reshape(*x.shape[:-1], -1)
         return y if self.bias is None else y + self.bias
 
@@ -172,7 +184,7 @@ class Transformer:
         x32 = x.float()
         return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.args.norm_eps)).to(self.dtype)
 
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference_mode: torch.compile cannot write into inference tensors
     def forward(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Run new token ids [S] after the ``cache.length`` cached ones; logits of the last, [V] fp32."""
         a = self.args

@@ -1,0 +1,131 @@
+"""One engine configuration, measured in a process of its own (threads are set before torch loads).
+
+    python -m benchmarks.engine_bench '{"engine": "lean", "model": DIR, "dtype": "bfloat16",
+                                        "quantize": "int8", "threads": 2, "repeats": 3}'
+
+prints one JSON line: prefill ms for 64- and 512-token prompts, decode tok/s for 64 forced
+new tokens at batch 1, and (lean only) the TTFT of each turn of a 5-turn conversation
+with and without the conversation KV cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+PREFILL_LENGTHS = (64, 512)
+DECODE_TOKENS = 64
+TURNS = 5
+TURN_USER_TOKENS = 60
+TURN_REPLY_TOKENS = 60
+
+
+def main(spec: dict) -> dict:
+    if spec.get("threads"):
+        os.environ["OMP_NUM_THREADS"] = str(spec["threads"])
+    import torch
+
+    if spec.get("threads"):
+        torch.set_num_threads(spec["threads"])
+    torch.manual_seed(0)
+    runner = HFGenerate(spec) if spec["engine"] == "hf-generate" else Lean(spec)
+    result = {"threads": torch.get_num_threads(), "prefill_ms": {}, "decode_tok_s": []}
+    runner.decode(8)  # warm-up
+    for length in PREFILL_LENGTHS:
+        ids = torch.randint(100, 40000, (length,))
+        runner.prefill(ids)  # warm-up at this length
+        result["prefill_ms"][str(length)] = [runner.prefill(ids) * 1000 for _ in range(spec["repeats"])]
+    result["decode_tok_s"] = [DECODE_TOKENS / runner.decode(DECODE_TOKENS) for _ in range(spec["repeats"])]
+    if isinstance(runner, Lean):
+        result["turn_ttft_ms"] = {
+            "with_cache": [runner.conversation(reuse=True) for _ in range(spec["repeats"])],
+            "without_cache": [runner.conversation(reuse=False) for _ in range(spec["repeats"])],
+        }
+        result["weight_bytes_per_token"] = runner.decoder.weight_bytes_per_token
+    return result
+
+
+class HFGenerate:
+    """The seeds' recipe: transformers ``generate`` with its own KV cache."""
+
+    def __init__(self, spec: dict) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.torch = torch
+        self.model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=getattr(torch, spec["dtype"])).eval()
+        self.model.generation_config.eos_token_id = None  # force the full length
+        self.model.generation_config.pad_token_id = 0
+
+    def _generate(self, ids, new_tokens: int) -> float:
+        started = time.perf_counter()
+        self.model.generate(ids[None], max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+        return time.perf_counter() - started
+
+    def prefill(self, ids) -> float:
+        return self._generate(ids, 1)
+
+    def decode(self, n: int) -> float:
+        ids = self.torch.randint(100, 40000, (64,))
+        return self._generate(ids, n + 1) - self._generate(ids, 1)
+
+
+class Lean:
+    """This project's engine: the lean decoder on prepared weights."""
+
+    def __init__(self, spec: dict) -> None:
+        import torch
+        from pathlib import Path
+
+        from workers.loader import load
+        from workers.weights import prepare
+
+        self.torch = torch
+        weights = prepare(spec["model"], spec["dtype"], spec["quantize"], Path(spec["cache_dir"]))
+        loaded = load(spec["model"], spec["dtype"], str(weights))
+        self.decoder, self.tokenizer = loaded.decoder, loaded.tokenizer
+
+    def prefill(self, ids) -> float:
+        cache = self.decoder.new_cache()
+        started = time.perf_counter()
+        self.decoder.forward(ids, cache)
+        return time.perf_counter() - started
+
+    def decode(self, n: int) -> float:
+        cache = self.decoder.new_cache()
+        token = self.decoder.forward(self.torch.randint(100, 40000, (64,)), cache).argmax().view(1)
+        started = time.perf_counter()
+        for _ in range(n):
+            token = self.decoder.forward(token, cache).argmax().view(1)
+        return time.perf_counter() - started
+
+    def conversation(self, reuse: bool) -> list[float]:
+        """TTFT (ms) of each turn; each turn adds a user message and a forced reply to the history.
+
+        Token ids are appended, as the worker's prefix match sees them when the chat
+        template re-renders the history; without reuse every turn prefills it all.
+        """
+        torch = self.torch
+        history: list[int] = []
+        cache = self.decoder.new_cache()
+        ttfts = []
+        for _ in range(TURNS):
+            history += torch.randint(100, 40000, (TURN_USER_TOKENS,)).tolist()
+            if not reuse:
+                cache = self.decoder.new_cache()
+            started = time.perf_counter()
+            new = history[cache.length :]
+            token = self.decoder.forward(torch.tensor(new), cache).argmax()
+            ttfts.append((time.perf_counter() - started) * 1000)
+            reply = [int(token)]
+            for _ in range(TURN_REPLY_TOKENS - 1):
+                reply.append(int(self.decoder.forward(torch.tensor(reply[-1:]), cache).argmax()))
+            history += reply
+            cache.truncate(len(history) - 1)  # the last reply token was sampled, never fed
+        return ttfts
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(json.loads(sys.argv[1]))))

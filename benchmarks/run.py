@@ -1,0 +1,224 @@
+"""The benchmark: ``python -m benchmarks.run`` (needs no network; ~15 minutes on 2 cores).
+
+Serves the Qwen1.5-0.5B shape (random weights, same cost per token as the real model) and
+the bundled SmolLM2, and reports every figure as a ratio to the seeds' baseline —
+transformers ``generate``, fp32, default threads — measured in the same run, as median
+with min–max over repeats. Writes results.json, results.md and PNG plots to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks import qwen_shape, serve_bench
+from benchmarks.stats import Summary
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = Path.home() / ".cache" / "cpu-chat"
+
+BASELINE = "seeds: HF generate fp32"
+ENGINES = [  # label, spec (threads None = torch's default)
+    (BASELINE, {"engine": "hf-generate", "dtype": "float32", "threads": None}),
+    ("HF generate bf16", {"engine": "hf-generate", "dtype": "bfloat16", "threads": 2}),
+    ("lean bf16, 1 thread", {"engine": "lean", "dtype": "bfloat16", "quantize": "none", "threads": 1}),
+    ("lean bf16, 2 threads", {"engine": "lean", "dtype": "bfloat16", "quantize": "none", "threads": 2}),
+    ("lean int8, 1 thread", {"engine": "lean", "dtype": "bfloat16", "quantize": "int8", "threads": 1}),
+    ("lean int8, 2 threads", {"engine": "lean", "dtype": "bfloat16", "quantize": "int8", "threads": 2}),
+]
+
+
+def run_engine(spec: dict) -> dict:
+    """Each configuration in a fresh process: thread pools are fixed at torch's first use."""
+    out = subprocess.run([sys.executable, "-m", "benchmarks.engine_bench", json.dumps(spec)], cwd=ROOT,
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--skip-serve", action="store_true", help="engine figures only")
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    from workers.loader import resolve_model
+
+    bundled = resolve_model("bundled", CACHE)
+    qwen = str(qwen_shape.build(CACHE / "qwen1.5-0.5b-shape", bundled.path))
+    results: dict = {"machine": {"python": platform.python_version(), "cpus": _cpus()}, "started": time.ctime()}
+
+    engines = {}
+    for label, spec in ENGINES:
+        print(f"engine: {label} ...", flush=True)
+        engines[label] = run_engine({**spec, "model": qwen, "repeats": args.repeats, "cache_dir": str(CACHE)})
+    results["engines"] = engines
+    print("engine: bundled SmolLM2, lean int8 and seeds' fp32 ...", flush=True)
+    results["bundled"] = {
+        BASELINE: run_engine({"engine": "hf-generate", "dtype": "float32", "threads": None, "model": bundled.path,
+                              "repeats": args.repeats, "cache_dir": str(CACHE)}),
+        "lean int8, 2 threads": run_engine({"engine": "lean", "dtype": "bfloat16", "quantize": "int8", "threads": 2,
+                                            "model": bundled.path, "repeats": args.repeats, "cache_dir": str(CACHE)}),
+    }
+
+    if not args.skip_serve:
+        with tempfile.TemporaryDirectory() as tmp:
+            layouts = {}
+            for workers, threads in ((1, 2), (2, 1)):
+                print(f"serve: {workers} worker(s) × {threads} thread(s) ...", flush=True)
+                layouts[f"{workers}x{threads}"] = serve_bench.measure_layout(
+                    Path(tmp), qwen, workers, threads, "int8", [1, 2, 4], 64, args.repeats)
+            results["serve"] = layouts
+            print("start-up: bundled model, warm ...", flush=True)
+            results["startup_s"] = [serve_bench.startup_seconds(Path(tmp), "bundled") for _ in range(args.repeats)]
+
+    report = summarize(results)
+    (args.out / "results.json").write_text(json.dumps({"raw": results, "summary": report}, indent=2))
+    (args.out / "results.md").write_text(markdown(report))
+    plot(report, args.out)
+    print(markdown(report))
+    return 0
+
+
+def _cpus() -> str:
+    try:
+        return next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor()
+
+
+def summarize(results: dict) -> dict:
+    """Medians (min–max) and ratios to the baseline of this run."""
+    engines = results["engines"]
+    base = engines[BASELINE]
+    base_decode = Summary.of(base["decode_tok_s"])
+    rows = []
+    for label, r in engines.items():
+        decode = Summary.of(r["decode_tok_s"])
+        row = {"config": label, "threads": r["threads"], "decode_tok_s": decode.dict(),
+               "decode_x": decode.ratio_to(base_decode).dict()}
+        for length, values in r["prefill_ms"].items():
+            s = Summary.of(values)
+            row[f"prefill_{length}_ms"] = s.dict()
+            row[f"prefill_{length}_x"] = s.ratio_to(Summary.of(base["prefill_ms"][length]), higher_is_better=False).dict()
+        if "turn_ttft_ms" in r:
+            for key, runs in r["turn_ttft_ms"].items():
+                per_turn = [Summary.of([run[t] for run in runs]) for t in range(len(runs[0]))]
+                row[f"turn_ttft_ms_{key}"] = [s.dict() for s in per_turn]
+                turn5_over_1 = Summary.of([run[-1] / run[0] for run in runs])
+                row[f"turn5_over_turn1_{key}"] = turn5_over_1.dict()
+        if "weight_bytes_per_token" in r:
+            row["weight_mb_per_token"] = round(r["weight_bytes_per_token"] / 1e6, 1)
+        rows.append(row)
+    report = {"engines": rows}
+    bundled = results["bundled"]
+    b_base = Summary.of(bundled[BASELINE]["decode_tok_s"])
+    b_lean = Summary.of(bundled["lean int8, 2 threads"]["decode_tok_s"])
+    report["bundled"] = {"baseline_decode_tok_s": b_base.dict(), "lean_int8_decode_tok_s": b_lean.dict(),
+                         "decode_x": b_lean.ratio_to(b_base).dict()}
+    if "serve" in results:
+        serve = {}
+        for layout, r in results["serve"].items():
+            agg = {n: Summary.of(v) for n, v in r["aggregate_tok_s"].items()}
+            pss = [m["pss_kib"] / 1024 for m in r["memory"].values()]
+            rss = [m["rss_kib"] / 1024 for m in r["memory"].values()]
+            serve[layout] = {
+                "aggregate_tok_s": {n: s.dict() for n, s in agg.items()},
+                "x_one_stream": {n: s.ratio_to(agg["1"]).dict() for n, s in agg.items()},
+                "worker_pss_mib": [round(v) for v in pss], "total_pss_mib": round(sum(pss)),
+                "worker_rss_mib": [round(v) for v in rss], "total_rss_mib": round(sum(rss)),
+            }
+        one, two = results["serve"]["1x2"], results["serve"]["2x1"]
+        split = Summary.of(two["aggregate_tok_s"]["2"]).ratio_to(Summary.of(one["aggregate_tok_s"]["2"]))
+        serve["split_2x1_over_1x2_at_2_streams"] = split.dict()
+        serve["memory_2_workers_over_1_pss"] = round(serve["2x1"]["total_pss_mib"] / serve["1x2"]["total_pss_mib"], 3)
+        serve["memory_2_workers_over_1_rss"] = round(serve["2x1"]["total_rss_mib"] / serve["1x2"]["total_rss_mib"], 3)
+        report["serve"] = serve
+        report["startup_s"] = Summary.of(results["startup_s"]).dict()
+    return report
+
+
+def _fmt(s: dict) -> str:
+    return f"{s['median']:.2f} ({s['min']:.2f}–{s['max']:.2f})"
+
+
+def markdown(report: dict) -> str:
+    lines = ["| config | threads | prefill 64 ms | × | prefill 512 ms | × | decode tok/s | × |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in report["engines"]:
+        lines.append(f"| {r['config']} | {r['threads']} | {_fmt(r['prefill_64_ms'])} | {_fmt(r['prefill_64_x'])} | "
+                     f"{_fmt(r['prefill_512_ms'])} | {_fmt(r['prefill_512_x'])} | {_fmt(r['decode_tok_s'])} | "
+                     f"{_fmt(r['decode_x'])} |")
+    lean = next(r for r in report["engines"] if r["config"] == "lean int8, 2 threads")
+    lines += ["", "Turn TTFT (ms), lean int8 2 threads, 5-turn conversation (~600 tokens by turn 5):", "",
+              "| | " + " | ".join(f"turn {i + 1}" for i in range(5)) + " | turn 5 / turn 1 |",
+              "|---|" + "---|" * 6]
+    for key in ("with_cache", "without_cache"):
+        cells = " | ".join(_fmt(s) for s in lean[f"turn_ttft_ms_{key}"])
+        lines.append(f"| {key.replace('_', ' ')} | {cells} | {_fmt(lean[f'turn5_over_turn1_{key}'])} |")
+    b = report["bundled"]
+    lines += ["", f"Bundled SmolLM2-135M: lean int8 {_fmt(b['lean_int8_decode_tok_s'])} tok/s vs seeds' fp32 "
+                  f"{_fmt(b['baseline_decode_tok_s'])}: {_fmt(b['decode_x'])}×"]
+    if "serve" in report:
+        s = report["serve"]
+        lines += ["", "Through the app's API (int8, 64 tokens per stream), aggregate tok/s:", "",
+                  "| layout | 1 stream | 2 streams | 4 streams | 4 / 1 | total PSS MiB | total RSS MiB |",
+                  "|---|---|---|---|---|---|---|"]
+        for layout in ("1x2", "2x1"):
+            r = s[layout]
+            lines.append(f"| {layout.replace('x', ' worker(s) × ')} thread(s) | " +
+                         " | ".join(_fmt(r["aggregate_tok_s"][n]) for n in ("1", "2", "4")) +
+                         f" | {_fmt(r['x_one_stream']['4'])} | {r['total_pss_mib']} | {r['total_rss_mib']} |")
+        lines += ["", f"Split layout (2×1 over 1×2, 2 streams): {_fmt(s['split_2x1_over_1x2_at_2_streams'])}×; "
+                      f"memory of 2 workers over 1: {s['memory_2_workers_over_1_pss']}× (PSS), "
+                      f"{s['memory_2_workers_over_1_rss']}× (RSS)",
+                  f"Warm start-up to all workers ready (bundled model): {_fmt(report['startup_s'])} s"]
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    rows = report["engines"]
+    names = [r["config"] for r in rows]
+    decode = [r["decode_tok_s"]["median"] for r in rows]
+    errs = [[r["decode_tok_s"]["median"] - r["decode_tok_s"]["min"] for r in rows],
+            [r["decode_tok_s"]["max"] - r["decode_tok_s"]["median"] for r in rows]]
+    axes[0].barh(names, decode, xerr=errs, color="#4c72b0")
+    axes[0].invert_yaxis()
+    axes[0].set_xlabel("decode tokens/s, batch 1 (Qwen1.5-0.5B shape)")
+    for i, r in enumerate(rows):
+        axes[0].text(decode[i], i, f" {r['decode_x']['median']:.1f}×", va="center")
+    lean = next(r for r in rows if r["config"] == "lean int8, 2 threads")
+    for key, style in (("with_cache", "-o"), ("without_cache", "--s")):
+        axes[1].plot(range(1, 6), [s["median"] for s in lean[f"turn_ttft_ms_{key}"]], style, label=key.replace("_", " "))
+    axes[1].set_xlabel("conversation turn")
+    axes[1].set_ylabel("TTFT ms")
+    axes[1].legend()
+    axes[1].set_title("TTFT per turn (conversation KV cache)")
+    if "serve" in report:
+        for layout in ("1x2", "2x1"):
+            agg = report["serve"][layout]["aggregate_tok_s"]
+            axes[2].plot([1, 2, 4], [agg[n]["median"] for n in ("1", "2", "4")], "-o",
+                         label=layout.replace("x", " worker(s) × ") + " thread(s)")
+        axes[2].set_xlabel("concurrent streams")
+        axes[2].set_ylabel("aggregate tokens/s")
+        axes[2].legend()
+        axes[2].set_title("through the app's API")
+    fig.tight_layout()
+    fig.savefig(out / "benchmark.png", dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

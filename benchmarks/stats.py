@@ -1,0 +1,30 @@
+"""Medians with min–max, and ratios to a baseline measured in the same run."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Summary:
+    median: float
+    min: float
+    max: float
+    n: int
+
+    @classmethod
+    def of(cls, values: list[float]) -> Summary:
+        return cls(statistics.median(values), min(values), max(values), len(values))
+
+    def ratio_to(self, base: Summary, higher_is_better: bool = True) -> Summary:
+        """The ratio of medians, with a range from the extremes of both runs."""
+        if higher_is_better:
+            return Summary(self.median / base.median, self.min / base.max, self.max / base.min, self.n)
+        return Summary(base.median / self.median, base.min / self.max, base.max / self.min, self.n)
+
+    def dict(self) -> dict:
+        return {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()}
+
+    def __str__(self) -> str:
+        return f"{self.median:.2f} ({self.min:.2f}–{self.max:.2f})"
