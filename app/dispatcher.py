@@ -71,6 +71,19 @@ class Queued:
 
 
 @dataclass
+class Progress:
+    """The running request's token count over time, for the live tokens/s of the worker panel."""
+
+    first_at: float  # when its first chunk arrived (decode starts after prefill)
+    first_tokens: int
+    tokens: int
+
+    def tokens_per_s(self, now: float) -> float:
+        elapsed = now - self.first_at
+        return (self.tokens - self.first_tokens) / elapsed if elapsed > 0 else 0.0
+
+
+@dataclass
 class WorkerHandle:
     """The dispatcher's view of one worker process."""
 
@@ -85,6 +98,7 @@ class WorkerHandle:
     crashes_in_a_row: int = 0
     started_at: float = 0.0
     last_done: Done | None = None  # the latest finished request, for the worker panel
+    progress: Progress | None = None  # of the request being generated now
 
     @property
     def id(self) -> int:
@@ -110,6 +124,8 @@ class WorkerHandle:
             "served": self.served,
             "restarts": self.restarts,
             "tokens_per_s": round(self.last_done.metrics.decode_tokens_per_s, 1) if self.last_done else 0.0,
+            "current_tokens_per_s": round(self.progress.tokens_per_s(time.monotonic()), 1)
+            if self.progress and self.current else None,
         }
 
 
@@ -176,8 +192,8 @@ class Dispatcher:
         worker.started_at = time.monotonic()
         threading.Thread(target=self._read, args=(worker, parent), daemon=True,
                          name=f"worker-{worker.id}-reader").start()
-        log.info("worker %d: starting (pid %d, cpus %s, %d threads)", worker.id, process.pid,
-                 worker.spec.layout.cpus, worker.spec.layout.threads)
+        log.info("worker %d: loading %s and warming up (pid %d, cpus %s, %d threads)", worker.id,
+                 worker.spec.model_name, process.pid, worker.spec.layout.cpus, worker.spec.layout.threads)
 
     async def stop(self) -> None:
         """Ask every worker to exit, then make sure each one has (by pid, never by name)."""
@@ -211,16 +227,21 @@ class Dispatcher:
     def _on_message(self, worker: WorkerHandle, msg: FromWorker) -> None:
         if isinstance(msg, Ready):
             worker.ready, worker.state = msg, WorkerState.IDLE
-            log.info("worker %d: ready in %.1f s (pid %d, cores %s, %d threads, %s)",
-                     worker.id, msg.load_s, msg.pid, msg.cores, msg.threads, msg.dtype)
+            log.info("worker %d: ready in %.1f s (pid %d, cores %s, %d threads, %s) — %d/%d workers ready",
+                     worker.id, msg.load_s, msg.pid, msg.cores, msg.threads, msg.dtype,
+                     self.ready_count, len(self.workers))
             self._hand_out()
             return
         self._deliver(msg)
+        if isinstance(msg, Chunk) and msg.request_id == worker.current:
+            if worker.progress is None:
+                worker.progress = Progress(time.monotonic(), msg.tokens, msg.tokens)
+            worker.progress.tokens = msg.tokens
         if isinstance(msg, (Done, Failed)) and msg.request_id == worker.current:
             if isinstance(msg, Done):
                 worker.served += 1
                 worker.last_done = msg
-            worker.current, worker.state = None, WorkerState.IDLE
+            worker.current, worker.state, worker.progress = None, WorkerState.IDLE, None
             self._hand_out()
 
     def _deliver(self, msg) -> None:
@@ -339,7 +360,7 @@ class Dispatcher:
             await acquire.aclose()
         channel: asyncio.Queue = asyncio.Queue()
         self._channels[request_id] = channel
-        worker.current = request_id
+        worker.current, worker.progress = request_id, None
         if session_id:
             self._sticky[session_id] = worker.id
             self._sticky.move_to_end(session_id)
