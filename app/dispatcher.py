@@ -10,6 +10,10 @@ blocks on its pipe (never the event loop) and hands every message to the loop wi
 ``call_soon_threadsafe``. A worker is busy from ``Generate`` until its ``Done``/``Failed``
 arrives, also after a Stop: the lease follows what the worker is actually doing. A worker
 that dies fails its current request with a clear message and is respawned with backoff.
+
+Observers (e.g. the Prometheus metrics) are called on the loop thread with the one final
+event of every request: its ``Done`` or ``Failed`` (also the ``Done`` that confirms a Stop,
+which arrives after the client has gone), or the ``QueueFull`` that turned it away.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import multiprocess
@@ -68,6 +72,9 @@ class Queued:
     """Local event: the request is waiting; ``position`` 1 is next in line."""
 
     position: int
+
+
+Observer = Callable[[Done | Failed | QueueFull], None]  # gets each request's final event
 
 
 @dataclass
@@ -158,8 +165,9 @@ class DispatcherConfig:
 
 
 class Dispatcher:
-    def __init__(self, config: DispatcherConfig) -> None:
+    def __init__(self, config: DispatcherConfig, observers: Sequence[Observer] = ()) -> None:
         self.config = config
+        self.observers: list[Observer] = list(observers)
         self._ctx = multiprocess.get_context("spawn")
         self.workers = [
             WorkerHandle(WorkerSpec(layout, config.model_path, config.model_name, config.dtype,
@@ -250,6 +258,14 @@ class Dispatcher:
             channel.put_nowait(msg)
             if isinstance(msg, (Done, Failed)):
                 del self._channels[msg.request_id]
+                self._notify(msg)
+
+    def _notify(self, final: Done | Failed | QueueFull) -> None:
+        for observer in self.observers:
+            try:
+                observer(final)
+            except Exception:  # noqa: BLE001 - a metrics bug must not break serving
+                log.exception("observer %r failed", observer)
 
     def _on_exit(self, worker: WorkerHandle, conn) -> None:
         if conn is not worker.conn:  # a stale reader of an already replaced process
@@ -303,8 +319,10 @@ class Dispatcher:
                 yield worker
                 return
         if self.queue_depth >= self.config.max_queue:
-            raise QueueFull(f"The server is busy: {self.queue_depth} requests are already "
-                            "waiting. Please try again in a minute.")
+            full = QueueFull(f"The server is busy: {self.queue_depth} requests are already "
+                             "waiting. Please try again in a minute.")
+            self._notify(full)
+            raise full
         waiter = self._loop.create_future()
         self._waiters.append(waiter)
         position = None
