@@ -5,10 +5,14 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 from app.config import AppConfig, ConfigError, load_config
+from app.hosting import default_config_path, env_overrides, offline_model_install
+
+log = logging.getLogger(__name__)
 
 
 def _count(value: str) -> int | str:
@@ -37,24 +41,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def env_overrides(environ: dict[str, str]) -> dict:
-    """Hosting platforms (Hugging Face Spaces, PaaS) say where to listen through these."""
-    found = {}
-    if environ.get("GRADIO_SERVER_NAME"):
-        found["host"] = environ["GRADIO_SERVER_NAME"]
-    port = environ.get("PORT") or environ.get("GRADIO_SERVER_PORT")
-    if port:
-        if not port.isdigit():
-            raise ConfigError(f"PORT must be a number, got {port!r}")
-        found["port"] = int(port)
-    return found
-
-
 def parse_config(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> AppConfig:
-    """Config file, then the environment (PORT, GRADIO_SERVER_NAME), then flags."""
+    """Config file (configs/space.toml on a Space), then the environment (PORT,
+    GRADIO_SERVER_NAME), then flags."""
+    environ = os.environ if environ is None else environ
     args = vars(build_parser().parse_args(argv))
-    path = args.pop("config")
-    overrides = env_overrides(os.environ if environ is None else environ)
+    path = args.pop("config") or default_config_path(environ)
+    overrides = env_overrides(environ)
     overrides.update({k: v for k, v in args.items() if v is not None})
     return load_config(path, overrides)
 
@@ -66,6 +59,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    install_offline_model_on_space()
     from app.server import serve  # heavy imports only once the flags are known to be good
 
     return serve(config)
+
+
+def install_offline_model_on_space() -> None:
+    """See ``app.hosting.offline_model_install``: a no-op off a Space or once installed."""
+    command = offline_model_install(os.environ)
+    if command is None:
+        return
+    log.info("Installing the offline model for this Space: %s", " ".join(command[2:]))
+    if subprocess.run(command, check=False).returncode != 0:
+        log.warning("Could not install %s; without a reachable model hub the app cannot start.", command[-1])

@@ -10,6 +10,10 @@ blocks on its pipe (never the event loop) and hands every message to the loop wi
 ``call_soon_threadsafe``. A worker is busy from ``Generate`` until its ``Done``/``Failed``
 arrives, also after a Stop: the lease follows what the worker is actually doing. A worker
 that dies fails its current request with a clear message and is respawned with backoff.
+
+Observers (e.g. the Prometheus metrics) are called on the loop thread with the one final
+event of every request: its ``Done`` or ``Failed`` (also the ``Done`` that confirms a Stop,
+which arrives after the client has gone), or the ``QueueFull`` that turned it away.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import multiprocess
@@ -70,6 +74,22 @@ class Queued:
     position: int
 
 
+Observer = Callable[[Done | Failed | QueueFull], None]  # gets each request's final event
+
+
+@dataclass
+class Progress:
+    """The running request's token count over time, for the live tokens/s of the worker panel."""
+
+    first_at: float  # when its first chunk arrived (decode starts after prefill)
+    first_tokens: int
+    tokens: int
+
+    def tokens_per_s(self, now: float) -> float:
+        elapsed = now - self.first_at
+        return (self.tokens - self.first_tokens) / elapsed if elapsed > 0 else 0.0
+
+
 @dataclass
 class WorkerHandle:
     """The dispatcher's view of one worker process."""
@@ -85,6 +105,7 @@ class WorkerHandle:
     crashes_in_a_row: int = 0
     started_at: float = 0.0
     last_done: Done | None = None  # the latest finished request, for the worker panel
+    progress: Progress | None = None  # of the request being generated now
 
     @property
     def id(self) -> int:
@@ -110,6 +131,8 @@ class WorkerHandle:
             "served": self.served,
             "restarts": self.restarts,
             "tokens_per_s": round(self.last_done.metrics.decode_tokens_per_s, 1) if self.last_done else 0.0,
+            "current_tokens_per_s": round(self.progress.tokens_per_s(time.monotonic()), 1)
+            if self.progress and self.current else None,
         }
 
 
@@ -143,8 +166,9 @@ class DispatcherConfig:
 
 
 class Dispatcher:
-    def __init__(self, config: DispatcherConfig) -> None:
+    def __init__(self, config: DispatcherConfig, observers: Sequence[Observer] = ()) -> None:
         self.config = config
+        self.observers: list[Observer] = list(observers)
         self._ctx = multiprocess.get_context("spawn")
         self.workers = [
             WorkerHandle(WorkerSpec(layout, config.model_path, config.model_name, config.dtype,
@@ -177,8 +201,8 @@ class Dispatcher:
         worker.started_at = time.monotonic()
         threading.Thread(target=self._read, args=(worker, parent), daemon=True,
                          name=f"worker-{worker.id}-reader").start()
-        log.info("worker %d: starting (pid %d, cpus %s, %d threads)", worker.id, process.pid,
-                 worker.spec.layout.cpus, worker.spec.layout.threads)
+        log.info("worker %d: loading %s and warming up (pid %d, cpus %s, %d threads)", worker.id,
+                 worker.spec.model_name, process.pid, worker.spec.layout.cpus, worker.spec.layout.threads)
 
     async def stop(self) -> None:
         """Ask every worker to exit, then make sure each one has (by pid, never by name)."""
@@ -212,16 +236,21 @@ class Dispatcher:
     def _on_message(self, worker: WorkerHandle, msg: FromWorker) -> None:
         if isinstance(msg, Ready):
             worker.ready, worker.state = msg, WorkerState.IDLE
-            log.info("worker %d: ready in %.1f s (pid %d, cores %s, %d threads, %s)",
-                     worker.id, msg.load_s, msg.pid, msg.cores, msg.threads, msg.dtype)
+            log.info("worker %d: ready in %.1f s (pid %d, cores %s, %d threads, %s) — %d/%d workers ready",
+                     worker.id, msg.load_s, msg.pid, msg.cores, msg.threads, msg.dtype,
+                     self.ready_count, len(self.workers))
             self._hand_out()
             return
         self._deliver(msg)
+        if isinstance(msg, Chunk) and msg.request_id == worker.current:
+            if worker.progress is None:
+                worker.progress = Progress(time.monotonic(), msg.tokens, msg.tokens)
+            worker.progress.tokens = msg.tokens
         if isinstance(msg, (Done, Failed)) and msg.request_id == worker.current:
             if isinstance(msg, Done):
                 worker.served += 1
                 worker.last_done = msg
-            worker.current, worker.state = None, WorkerState.IDLE
+            worker.current, worker.state, worker.progress = None, WorkerState.IDLE, None
             self._hand_out()
 
     def _deliver(self, msg) -> None:
@@ -230,6 +259,14 @@ class Dispatcher:
             channel.put_nowait(msg)
             if isinstance(msg, (Done, Failed)):
                 del self._channels[msg.request_id]
+                self._notify(msg)
+
+    def _notify(self, final: Done | Failed | QueueFull) -> None:
+        for observer in self.observers:
+            try:
+                observer(final)
+            except Exception:  # noqa: BLE001 - a metrics bug must not break serving
+                log.exception("observer %r failed", observer)
 
     def _on_exit(self, worker: WorkerHandle, conn) -> None:
         if conn is not worker.conn:  # a stale reader of an already replaced process
@@ -283,8 +320,10 @@ class Dispatcher:
                 yield worker
                 return
         if self.queue_depth >= self.config.max_queue:
-            raise QueueFull(f"The server is busy: {self.queue_depth} requests are already "
-                            "waiting. Please try again in a minute.")
+            full = QueueFull(f"The server is busy: {self.queue_depth} requests are already "
+                             "waiting. Please try again in a minute.")
+            self._notify(full)
+            raise full
         waiter = self._loop.create_future()
         self._waiters.append(waiter)
         position = None
@@ -340,7 +379,7 @@ class Dispatcher:
             await acquire.aclose()
         channel: asyncio.Queue = asyncio.Queue()
         self._channels[request_id] = channel
-        worker.current = request_id
+        worker.current, worker.progress = request_id, None
         if session_id:
             self._sticky[session_id] = worker.id
             self._sticky.move_to_end(session_id)

@@ -22,6 +22,7 @@ from app.api import build_router, validation_error
 from app.auth import AuthError, Credentials, parse_auth
 from app.config import AppConfig
 from app.dispatcher import Dispatcher, DispatcherConfig
+from app.metrics import AppMetrics, build_metrics_router
 from app.ui import build_ui
 from workers.cores import LayoutError, auto_workers, physical_cores, plan_layout
 from workers.loader import ModelNotFound, ResolvedModel, resolve_dtype, resolve_model
@@ -76,6 +77,7 @@ def build_app(config: AppConfig, dispatcher: Dispatcher, model: ResolvedModel,
     app = FastAPI(title="CPU Chat", lifespan=lifespan)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.include_router(build_router(dispatcher, model, config.sampling, auth))
+    app.include_router(build_metrics_router(AppMetrics.create(dispatcher)))
     demo = build_ui(dispatcher, model, config.system_prompt, config.sampling)
     return gr.mount_gradio_app(app, demo, path="/", auth=auth or None)
 

@@ -64,15 +64,38 @@ def stats_footer(done: Done, cores: list[int] | None) -> str:
     return STATS_PREFIX + " · ".join(parts) + "</sub>"
 
 
-def worker_panel(dispatcher: Dispatcher) -> str:
+def readiness(dispatcher: Dispatcher) -> str:
+    """The panel's first line: says what is still loading instead of leaving the page silent."""
     workers = dispatcher.describe()
-    lines = [f"**{dispatcher.ready_count}/{len(workers)} workers ready** · queue {dispatcher.queue_depth}", "",
-             "| worker | pid | cores | threads | state | served | last tok/s | restarts |",
-             "|---|---|---|---|---|---|---|---|"]
-    for w in workers:
-        lines.append(f"| {w['id']} | {w['pid']} | {','.join(map(str, w['cores']))} | {w['threads']} | "
-                     f"{w['state']} | {w['served']} | {w['tokens_per_s']} | {w['restarts']} |")
+    ready, total = dispatcher.ready_count, len(workers)
+    if ready == total:
+        return f"✔ **{ready}/{total} workers ready**"
+    loading = sum(w["state"] == "starting" for w in workers)
+    dead = sum(w["state"] == "dead" for w in workers)
+    what = ([f"{loading} loading the model and warming up"] if loading else []) + (
+        [f"{dead} restarting after a crash"] if dead else [])
+    return f"◐ **{ready}/{total} workers ready** — {', '.join(what)}"
+
+
+def worker_panel(dispatcher: Dispatcher) -> str:
+    lines = [f"{readiness(dispatcher)} · {dispatcher.queue_depth} waiting", "",
+             "| worker | pid | cores | threads | state | tok/s now | last tok/s | served | restarts |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for w in dispatcher.describe():
+        now, last = w["current_tokens_per_s"], w["tokens_per_s"]  # last is 0 after a Stop: no decode rate
+        lines.append(f"| {w['id']} | {w['pid'] or '–'} | {','.join(map(str, w['cores']))} | {w['threads']} | "
+                     f"{w['state']} | {now if now is not None else '–'} | {last or '–'} | {w['served']} | "
+                     f"{w['restarts']} |")
     return "\n".join(lines)
+
+
+def waiting_text(dispatcher: Dispatcher, position: int) -> str:
+    """Shown in place of the reply while the request waits for a worker."""
+    total = len(dispatcher.workers)
+    if dispatcher.ready_count == 0:
+        return (f"◐ The model is still loading (0/{total} workers ready) — you are number {position} "
+                "in line. Your reply starts as soon as a worker is ready.")
+    return f"◐ All workers are busy — you are number {position} in line."
 
 
 def model_banner(model: ResolvedModel) -> str:
@@ -97,7 +120,7 @@ def build_ui(dispatcher: Dispatcher, model: ResolvedModel, system_prompt: str,
         try:
             async for event in dispatcher.stream(history_to_messages(system, history, text), params, session):
                 if isinstance(event, Queued):
-                    yield f"⏳ All workers are busy — you are number {event.position} in line."
+                    yield waiting_text(dispatcher, event.position)
                 elif isinstance(event, Notice):
                     notes += f"<sub>ℹ️ {event.text}</sub>\n\n"
                 elif isinstance(event, Chunk):
@@ -113,22 +136,25 @@ def build_ui(dispatcher: Dispatcher, model: ResolvedModel, system_prompt: str,
 
     with gr.Blocks(title="CPU Chat", analytics_enabled=False) as demo:
         gr.Markdown(model_banner(model))
-        panel = gr.Markdown(worker_panel(dispatcher))
-        gr.Timer(2.0).tick(lambda: worker_panel(dispatcher), outputs=panel, show_progress="hidden")
-        with gr.Accordion("System prompt and sampling", open=False, render=False) as controls:
-            inputs = [
-                gr.Textbox(system_prompt, label="System prompt", lines=2),
-                gr.Slider(*TEMPERATURE_RANGE, value=defaults.temperature, step=0.05, label="Temperature (0 = greedy)"),
-                gr.Slider(*TOP_P_RANGE, value=defaults.top_p, step=0.01, label="Top-p"),
-                gr.Slider(*TOP_K_RANGE, value=defaults.top_k, step=1, label="Top-k (0 = off)"),
-                gr.Slider(*REPETITION_PENALTY_RANGE, value=defaults.repetition_penalty, step=0.01,
-                          label="Repetition penalty"),
-                gr.Slider(16, MAX_NEW_TOKENS, value=defaults.max_new_tokens, step=16, label="Max new tokens"),
-            ]
+        # A function, not a value: computed when each page loads, then every second.
+        gr.Markdown(lambda: worker_panel(dispatcher), every=1.0, elem_id="worker-panel")
+        # Unrendered here, so ChatInterface renders them in its accordion. (Created inside an
+        # unrendered Accordion they count as rendered, never appear, and the page sends None.)
+        inputs = [
+            gr.Textbox(system_prompt, label="System prompt", lines=2, render=False),
+            gr.Slider(*TEMPERATURE_RANGE, value=defaults.temperature, step=0.05, label="Temperature (0 = greedy)",
+                      render=False),
+            gr.Slider(*TOP_P_RANGE, value=defaults.top_p, step=0.01, label="Top-p", render=False),
+            gr.Slider(*TOP_K_RANGE, value=defaults.top_k, step=1, label="Top-k (0 = off)", render=False),
+            gr.Slider(*REPETITION_PENALTY_RANGE, value=defaults.repetition_penalty, step=0.01,
+                      label="Repetition penalty", render=False),
+            gr.Slider(16, MAX_NEW_TOKENS, value=defaults.max_new_tokens, step=16, label="Max new tokens",
+                      render=False),
+        ]
         gr.ChatInterface(
             fn=respond,
             additional_inputs=inputs,
-            additional_inputs_accordion=controls,
+            additional_inputs_accordion=gr.Accordion("System prompt and sampling", open=False, render=False),
             examples=[[e] for e in EXAMPLES],
             cache_examples=False,
             concurrency_limit=None,  # the dispatcher queues; Gradio's default of 1 would serialise users

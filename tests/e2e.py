@@ -40,7 +40,9 @@ class RunningApp:
         return self.process.wait(timeout_s)
 
 
-def start_app(tmp_path: Path, *args: str, ready_timeout_s: float = 240, env: dict | None = None) -> RunningApp:
+def start_app(tmp_path: Path, *args: str, ready_timeout_s: float = 240, env: dict | None = None,
+              wait_for_workers: bool = True) -> RunningApp:
+    """Returns once every worker is ready, or (``wait_for_workers=False``) once /health answers."""
     port = free_port()
     log_path = tmp_path / "app.log"
     process = subprocess.Popen(
@@ -55,7 +57,7 @@ def start_app(tmp_path: Path, *args: str, ready_timeout_s: float = 240, env: dic
             raise RuntimeError(f"launch.py exited with {process.returncode}:\n{app.log()}")
         try:
             health = app.health()
-            if health["workers_ready"] == len(health["workers"]):
+            if not wait_for_workers or health["workers_ready"] == len(health["workers"]):
                 app.worker_pids = [w["pid"] for w in health["workers"]]
                 return app
         except httpx.HTTPError:

@@ -8,6 +8,7 @@ import httpx
 import openai
 import pytest
 from gradio_client import Client
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e import start_app, wait_gone
 
@@ -81,6 +82,48 @@ def test_openai_non_stream_and_bad_input(app):
                                                               "temperature": 9}, timeout=10)
     assert bad.status_code == 422 and "temperature" in bad.text
     assert app.health()["ready"]
+
+
+def scrape(app) -> dict[str, float]:
+    """/metrics as {'name{label="value"}': value}, parsed by prometheus_client's own parser."""
+    response = httpx.get(app.url + "/metrics", timeout=10)
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    samples = {}
+    for family in text_string_to_metric_families(response.text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return samples
+
+
+def test_metrics_count_requests_tokens_and_cached_prompt_tokens(app):
+    before = scrape(app)
+    question = {"role": "user", "content": "What is the capital of France?"}
+    first = httpx.post(app.url + "/v1/chat/completions", timeout=120, json={
+        "messages": [question], "temperature": 0, "max_tokens": 32, "session_id": "metrics-test"}).json()
+    answer = {"role": "assistant", "content": first["choices"][0]["message"]["content"]}
+    second = httpx.post(app.url + "/v1/chat/completions", timeout=120, json={
+        "messages": [question, answer, {"role": "user", "content": "And of Germany?"}],
+        "temperature": 0, "max_tokens": 32, "session_id": "metrics-test"}).json()
+    after = scrape(app)
+
+    def moved(name):
+        return after[name] - before.get(name, 0.0)
+
+    finished = moved('cpu_chat_requests_total{outcome="stop"}') + moved('cpu_chat_requests_total{outcome="length"}')
+    assert finished == 2
+    assert moved('cpu_chat_requests_total{outcome="error"}') == 0
+    usage = [first["usage"], second["usage"]]
+    assert moved("cpu_chat_generated_tokens_total") == sum(u["completion_tokens"] for u in usage)
+    assert moved("cpu_chat_prompt_tokens_total") == sum(u["prompt_tokens"] for u in usage)
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached > 0, "the second turn of a session should reuse the first turn's KV cache"
+    assert moved("cpu_chat_cached_prompt_tokens_total") == cached
+    assert moved("cpu_chat_time_to_first_token_seconds_count") == 2
+    assert moved("cpu_chat_time_per_output_token_seconds_count") == 2
+    assert after["cpu_chat_workers"] == after["cpu_chat_ready_workers"] == 2
+    assert after["cpu_chat_busy_workers"] == 0 and after["cpu_chat_queue_depth"] == 0
+    assert after['cpu_chat_worker_restarts_total{worker="0"}'] == 0
 
 
 def test_sigint_stops_the_app_and_every_worker(app):

@@ -211,6 +211,7 @@ def test_auth_protects_api_and_page(private_app):
     bearer = httpx.get(url + "/v1/models", headers={"Authorization": "Bearer s3cret"}, timeout=10)
     assert bearer.status_code == 200
     assert httpx.get(url + "/config", timeout=10).status_code == 401  # the page wants a login
+    assert httpx.get(url + "/metrics", timeout=10).status_code == 200  # open like /health: no prompts in it
     assert "without --auth" not in private_app.log()
 
 
@@ -219,11 +220,14 @@ def test_full_queue_answers_503_busy(private_app):
             "max_tokens": 1000, "temperature": 0, "repetition_penalty": 1.0}
     auth = ("alice", "s3cret")
     with httpx.stream("POST", private_app.url + "/v1/chat/completions", json=body, auth=auth, timeout=60) as r:
-        next(r.iter_lines())
+        lines = r.iter_lines()  # kept referenced: a dropped iterator closes the connection (= Stop)
+        next(lines)
         busy = httpx.post(private_app.url + "/v1/chat/completions", auth=auth, timeout=30,
                           json={"messages": [{"role": "user", "content": "hi"}]})
     assert busy.status_code == 503 and "busy" in busy.text
     assert busy.headers["retry-after"]
+    metrics = httpx.get(private_app.url + "/metrics", timeout=10).text
+    assert 'cpu_chat_requests_total{outcome="rejected"} 1.0' in metrics
 
 
 def test_workers_exit_on_their_own_when_the_app_is_killed(private_app):
