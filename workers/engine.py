@@ -125,9 +125,8 @@ def sample(
 ) -> int:
     if params.repetition_penalty != 1.0 and previous.numel():
         scores = logits[previous]
-        logits[previous] = torch.where(
-            scores < 0, scores * params.repetition_penalty, scores / params.repetition_penalty
-        )
+        penalized = torch.where(scores < 0, scores * params.repetition_penalty, scores / params.repetition_penalty)
+        logits = logits.index_put((previous,), penalized)  # out of place: the caller's logits stay as they were
     if params.greedy:
         return int(torch.argmax(logits))
     logits = logits / params.temperature

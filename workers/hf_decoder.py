@@ -34,7 +34,7 @@ class HFDecoder:
     def new_cache(self) -> HFCache:
         return HFCache(self.model.config)
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def forward(self, ids: torch.Tensor, cache: HFCache) -> torch.Tensor:
         """New token ids [S] after the cached ones → logits of the last position, [V] fp32."""
         out = self.model(input_ids=ids.unsqueeze(0), cache=cache.inner, use_cache=True, logits_to_keep=1)
