@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int)
     p.add_argument("--share", action="store_true", default=None, help="create a public Gradio share link")
     p.add_argument("--auth", help="protect page and API: user:password, or a file of such lines")
+    p.add_argument("--max-batch", type=int, help="replies each worker generates together (batched decode)")
     p.add_argument("--max-queue", type=int, help="requests that may wait for a worker")
     p.add_argument("--system-prompt")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])

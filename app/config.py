@@ -38,6 +38,7 @@ class AppConfig:
     port: int = 7860
     share: bool = False
     auth: str | None = None  # "user:password" or a file of such lines
+    max_batch: int = 4  # replies each worker generates together (one pass over the weights)
     max_queue: int = 64
     max_context_tokens: int = 4096
     system_prompt: str = "You are a helpful assistant."
@@ -78,6 +79,8 @@ def validate(config: AppConfig) -> None:
             raise ConfigError(f"{name} must be a positive integer or \"auto\", got {value!r}")
     if not 0 < config.port < 65536:
         raise ConfigError(f"port must be 1-65535, got {config.port}")
+    if config.max_batch < 1:
+        raise ConfigError(f"max_batch must be at least 1, got {config.max_batch}")
     if config.max_queue < 0:
         raise ConfigError(f"max_queue must be 0 or more, got {config.max_queue}")
     if config.log_level not in LOG_LEVELS:

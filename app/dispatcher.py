@@ -7,9 +7,10 @@
 
 All dispatcher state lives on the event loop thread. Each worker has one reader thread that
 blocks on its pipe (never the event loop) and hands every message to the loop with
-``call_soon_threadsafe``. A worker is busy from ``Generate`` until its ``Done``/``Failed``
-arrives, also after a Stop: the lease follows what the worker is actually doing. A worker
-that dies fails its current request with a clear message and is respawned with backoff.
+``call_soon_threadsafe``. Each worker decodes up to ``max_batch`` requests together; a slot
+is held from ``Generate`` until that request's ``Done``/``Failed`` arrives, also after a
+Stop: the lease follows what the worker is actually doing. A worker that dies fails its
+requests with a clear message and is respawned with backoff.
 
 Observers (e.g. the Prometheus metrics) are called on the loop thread with the one final
 event of every request: its ``Done`` or ``Failed`` (also the ``Done`` that confirms a Stop,
@@ -74,6 +75,14 @@ class Queued:
     position: int
 
 
+@dataclass(eq=False)
+class Waiter:
+    """A request waiting for a free slot; the future resolves to the worker that took it."""
+
+    request_id: str
+    future: asyncio.Future
+
+
 Observer = Callable[[Done | Failed | QueueFull], None]  # gets each request's final event
 
 
@@ -99,13 +108,14 @@ class WorkerHandle:
     conn: object = None
     state: WorkerState = WorkerState.STARTING
     ready: Ready | None = None
-    current: str | None = None  # request_id being generated
+    slots: int = 1  # requests generated at once (batched decode)
+    active: set[str] = field(default_factory=set)  # request_ids leased to this worker
     served: int = 0
     restarts: int = 0
     crashes_in_a_row: int = 0
     started_at: float = 0.0
     last_done: Done | None = None  # the latest finished request, for the worker panel
-    progress: Progress | None = None  # of the request being generated now
+    progress: dict[str, Progress] = field(default_factory=dict)  # of the requests generating now
 
     @property
     def id(self) -> int:
@@ -114,6 +124,15 @@ class WorkerHandle:
     @property
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None else None
+
+    @property
+    def has_room(self) -> bool:
+        return self.state in (WorkerState.IDLE, WorkerState.BUSY) and len(self.active) < self.slots
+
+    def settle(self) -> None:
+        """IDLE or BUSY from what it holds (STARTING and DEAD are set by the lifecycle)."""
+        if self.state in (WorkerState.IDLE, WorkerState.BUSY):
+            self.state = WorkerState.BUSY if self.active else WorkerState.IDLE
 
     def send(self, msg) -> None:
         try:
@@ -128,23 +147,26 @@ class WorkerHandle:
             "cores": list(self.ready.cores if self.ready else self.spec.layout.cpus),
             "threads": self.ready.threads if self.ready else self.spec.layout.threads,
             "state": self.state.value,
+            "active": len(self.active),
+            "slots": self.slots,
             "served": self.served,
             "restarts": self.restarts,
             "tokens_per_s": round(self.last_done.metrics.decode_tokens_per_s, 1) if self.last_done else 0.0,
-            "current_tokens_per_s": round(self.progress.tokens_per_s(time.monotonic()), 1)
-            if self.progress and self.current else None,
+            "current_tokens_per_s": round(sum(p.tokens_per_s(time.monotonic()) for p in self.progress.values()), 1)
+            if self.progress else None,
         }
 
 
 def pick_worker(workers: Sequence[WorkerHandle], last: int, prefer: int | None = None) -> WorkerHandle | None:
-    """Round-robin over idle workers, starting after ``last``; ``prefer`` wins when it is idle."""
-    idle = [w for w in workers if w.state is WorkerState.IDLE]
-    if not idle:
-        return None
-    for w in idle:
+    """The least loaded worker with a free slot, round-robin among equals starting after ``last``.
+
+    ``prefer`` (the worker holding this conversation's KV cache) wins whenever it has room.
+    """
+    open_ = [w for w in workers if w.has_room]
+    for w in open_:
         if w.id == prefer:
             return w
-    return min(idle, key=lambda w: (w.id - last - 1) % len(workers))
+    return min(open_, key=lambda w: (len(w.active), (w.id - last - 1) % len(workers)), default=None)
 
 
 def respawn_delay(crashes_in_a_row: int) -> float:
@@ -160,6 +182,7 @@ class DispatcherConfig:
     model_name: str
     dtype: str
     weights: str | None = None  # prepared lean-decoder weights, shared by every worker
+    max_batch: int = 4  # requests each worker decodes together
     max_queue: int = 64
     engine: dict = field(default_factory=dict)
     log_level: int = logging.INFO
@@ -172,11 +195,12 @@ class Dispatcher:
         self._ctx = multiprocess.get_context("spawn")
         self.workers = [
             WorkerHandle(WorkerSpec(layout, config.model_path, config.model_name, config.dtype,
-                                    weights=config.weights, log_level=config.log_level, engine=config.engine))
+                                    weights=config.weights, log_level=config.log_level, engine=config.engine),
+                         slots=config.max_batch)
             for layout in config.layouts
         ]
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._waiters: deque[asyncio.Future] = deque()
+        self._waiters: deque[Waiter] = deque()
         self._channels: dict[str, asyncio.Queue] = {}
         self._sticky: OrderedDict[str, int] = OrderedDict()
         self._last = -1
@@ -197,7 +221,7 @@ class Dispatcher:
         process.start()
         child.close()  # so the parent sees EOF when the worker dies
         worker.process, worker.conn = process, parent
-        worker.state, worker.ready, worker.current = WorkerState.STARTING, None, None
+        worker.state, worker.ready = WorkerState.STARTING, None
         worker.started_at = time.monotonic()
         threading.Thread(target=self._read, args=(worker, parent), daemon=True,
                          name=f"worker-{worker.id}-reader").start()
@@ -242,15 +266,16 @@ class Dispatcher:
             self._hand_out()
             return
         self._deliver(msg)
-        if isinstance(msg, Chunk) and msg.request_id == worker.current:
-            if worker.progress is None:
-                worker.progress = Progress(time.monotonic(), msg.tokens, msg.tokens)
-            worker.progress.tokens = msg.tokens
-        if isinstance(msg, (Done, Failed)) and msg.request_id == worker.current:
+        if isinstance(msg, Chunk) and msg.request_id in worker.active:
+            progress = worker.progress.setdefault(msg.request_id, Progress(time.monotonic(), msg.tokens, msg.tokens))
+            progress.tokens = msg.tokens
+        if isinstance(msg, (Done, Failed)) and msg.request_id in worker.active:
             if isinstance(msg, Done):
                 worker.served += 1
                 worker.last_done = msg
-            worker.current, worker.state, worker.progress = None, WorkerState.IDLE, None
+            worker.active.discard(msg.request_id)
+            worker.progress.pop(msg.request_id, None)
+            worker.settle()
             self._hand_out()
 
     def _deliver(self, msg) -> None:
@@ -274,11 +299,12 @@ class Dispatcher:
         worker.state = WorkerState.DEAD
         worker.process.join(0.1)
         code = worker.process.exitcode
-        if worker.current is not None:
-            self._deliver(Failed(worker.current, f"The worker generating this reply stopped "
+        for request_id in sorted(worker.active):
+            self._deliver(Failed(request_id, f"The worker generating this reply stopped "
                                  f"unexpectedly (exit code {code}). It is being restarted; "
                                  f"please send your message again.", ErrorCode.UNAVAILABLE))
-            worker.current = None
+        worker.active.clear()
+        worker.progress.clear()
         if self._stopping:
             return
         lived = time.monotonic() - worker.started_at
@@ -296,27 +322,28 @@ class Dispatcher:
     # leasing --------------------------------------------------------------------------
 
     def _hand_out(self) -> None:
-        """Give idle workers to waiting requests, first come first served."""
+        """Give free slots to waiting requests, first come first served."""
         while self._waiters:
             worker = pick_worker(self.workers, self._last)
             if worker is None:
                 return
             waiter = self._waiters.popleft()
-            if waiter.done():  # the client gave up while waiting
+            if waiter.future.done():  # the client gave up while waiting
                 continue
-            self._lease(worker)
-            waiter.set_result(worker)
+            self._lease(worker, waiter.request_id)
+            waiter.future.set_result(worker)
 
-    def _lease(self, worker: WorkerHandle) -> None:
-        worker.state = WorkerState.BUSY
+    def _lease(self, worker: WorkerHandle, request_id: str) -> None:
+        worker.active.add(request_id)
+        worker.settle()
         self._last = worker.id
 
-    async def _acquire(self, session_id: str | None) -> AsyncIterator[Queued | WorkerHandle]:
-        """Yield ``Queued`` updates while waiting, then the leased worker."""
+    async def _acquire(self, request_id: str, session_id: str | None) -> AsyncIterator[Queued | WorkerHandle]:
+        """Yield ``Queued`` updates while waiting, then the worker holding a slot for ``request_id``."""
         if self.queue_depth == 0:
             worker = pick_worker(self.workers, self._last, self._sticky.get(session_id))
             if worker is not None:
-                self._lease(worker)
+                self._lease(worker, request_id)
                 yield worker
                 return
         if self.queue_depth >= self.config.max_queue:
@@ -324,33 +351,34 @@ class Dispatcher:
                              "waiting. Please try again in a minute.")
             self._notify(full)
             raise full
-        waiter = self._loop.create_future()
+        waiter = Waiter(request_id, self._loop.create_future())
         self._waiters.append(waiter)
         position = None
         try:
-            while not waiter.done():
+            while not waiter.future.done():
                 if (now := self.queue_position(waiter)) != position:
                     position = now
                     yield Queued(position)
                 try:
-                    await asyncio.wait_for(asyncio.shield(waiter), timeout=0.5)
+                    await asyncio.wait_for(asyncio.shield(waiter.future), timeout=0.5)
                 except TimeoutError:
                     pass
         except BaseException:
-            if waiter.done() and not waiter.cancelled():  # leased to us just as we gave up
-                self._release_unused(waiter.result())
-            waiter.cancel()
+            if waiter.future.done() and not waiter.future.cancelled():  # leased to us just as we gave up
+                self._release_unused(waiter.future.result(), request_id)
+            waiter.future.cancel()
             if waiter in self._waiters:
                 self._waiters.remove(waiter)
             raise
-        yield waiter.result()
+        yield waiter.future.result()
 
-    def _release_unused(self, worker: WorkerHandle) -> None:
-        worker.state = WorkerState.IDLE
+    def _release_unused(self, worker: WorkerHandle, request_id: str) -> None:
+        worker.active.discard(request_id)
+        worker.settle()
         self._hand_out()
 
-    def queue_position(self, waiter: asyncio.Future) -> int:
-        live = [w for w in self._waiters if not w.done()]
+    def queue_position(self, waiter: Waiter) -> int:
+        live = [w for w in self._waiters if not w.future.done()]
         return live.index(waiter) + 1 if waiter in live else 0
 
     # the one public call --------------------------------------------------------------
@@ -368,7 +396,7 @@ class Dispatcher:
         """
         request_id = uuid.uuid4().hex
         worker = None
-        acquire = self._acquire(session_id)
+        acquire = self._acquire(request_id, session_id)
         try:
             async for event in acquire:
                 if isinstance(event, Queued):
@@ -379,7 +407,6 @@ class Dispatcher:
             await acquire.aclose()
         channel: asyncio.Queue = asyncio.Queue()
         self._channels[request_id] = channel
-        worker.current, worker.progress = request_id, None
         if session_id:
             self._sticky[session_id] = worker.id
             self._sticky.move_to_end(session_id)
@@ -413,7 +440,7 @@ class Dispatcher:
 
     @property
     def queue_depth(self) -> int:
-        return sum(not w.done() for w in self._waiters)
+        return sum(not w.future.done() for w in self._waiters)
 
     def describe(self) -> list[dict]:
         return [w.describe() for w in self.workers]

@@ -58,6 +58,7 @@ def build_dispatcher(config: AppConfig, model: ResolvedModel) -> Dispatcher:
         model_name=model.name,
         dtype=dtype,
         weights=prepare_weights(config, model, dtype),
+        max_batch=config.max_batch,
         max_queue=config.max_queue,
         engine={"max_context_tokens": config.max_context_tokens},
         log_level=logging.getLevelName(config.log_level.upper()),

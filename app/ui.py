@@ -79,12 +79,13 @@ def readiness(dispatcher: Dispatcher) -> str:
 
 def worker_panel(dispatcher: Dispatcher) -> str:
     lines = [f"{readiness(dispatcher)} · {dispatcher.queue_depth} waiting", "",
-             "| worker | pid | cores | threads | state | tok/s now | last tok/s | served | restarts |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| worker | pid | cores | threads | state | replies now | tok/s now | last tok/s | served | restarts |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for w in dispatcher.describe():
         now, last = w["current_tokens_per_s"], w["tokens_per_s"]  # last is 0 after a Stop: no decode rate
         lines.append(f"| {w['id']} | {w['pid'] or '–'} | {','.join(map(str, w['cores']))} | {w['threads']} | "
-                     f"{w['state']} | {now if now is not None else '–'} | {last or '–'} | {w['served']} | "
+                     f"{w['state']} | {w['active']}/{w['slots']} | {now if now is not None else '–'} | "
+                     f"{last or '–'} | {w['served']} | "
                      f"{w['restarts']} |")
     return "\n".join(lines)
 

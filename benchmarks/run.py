@@ -72,9 +72,10 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             layouts = {}
             for workers, threads in ((1, 2), (2, 1)):
-                print(f"serve: {workers} worker(s) × {threads} thread(s) ...", flush=True)
-                layouts[f"{workers}x{threads}"] = serve_bench.measure_layout(
-                    Path(tmp), qwen, workers, threads, "int8", [1, 2, 4], 64, args.repeats)
+                for batch in (1, 4):  # one reply per worker at a time (before batching), and batched
+                    print(f"serve: {workers} worker(s) × {threads} thread(s), batch {batch} ...", flush=True)
+                    layouts[f"{workers}x{threads} b{batch}"] = serve_bench.measure_layout(
+                        Path(tmp), qwen, workers, threads, batch, "int8", [1, 2, 4], 64, args.repeats)
             results["serve"] = layouts
             print("start-up: bundled model, warm ...", flush=True)
             results["startup_s"] = [serve_bench.startup_seconds(Path(tmp), "bundled") for _ in range(args.repeats)]
@@ -135,11 +136,12 @@ def summarize(results: dict) -> dict:
                 "worker_pss_mib": [round(v) for v in pss], "total_pss_mib": round(sum(pss)),
                 "worker_rss_mib": [round(v) for v in rss], "total_rss_mib": round(sum(rss)),
             }
-        one, two = results["serve"]["1x2"], results["serve"]["2x1"]
-        split = Summary.of(two["aggregate_tok_s"]["2"]).ratio_to(Summary.of(one["aggregate_tok_s"]["2"]))
-        serve["split_2x1_over_1x2_at_2_streams"] = split.dict()
-        serve["memory_2_workers_over_1_pss"] = round(serve["2x1"]["total_pss_mib"] / serve["1x2"]["total_pss_mib"], 3)
-        serve["memory_2_workers_over_1_rss"] = round(serve["2x1"]["total_rss_mib"] / serve["1x2"]["total_rss_mib"], 3)
+        for batch in ("b1", "b4"):
+            one, two = results["serve"][f"1x2 {batch}"], results["serve"][f"2x1 {batch}"]
+            split = Summary.of(two["aggregate_tok_s"]["2"]).ratio_to(Summary.of(one["aggregate_tok_s"]["2"]))
+            serve[f"split_2x1_over_1x2_at_2_streams_{batch}"] = split.dict()
+        serve["memory_2_workers_over_1_pss"] = round(serve["2x1 b4"]["total_pss_mib"] / serve["1x2 b4"]["total_pss_mib"], 3)
+        serve["memory_2_workers_over_1_rss"] = round(serve["2x1 b4"]["total_rss_mib"] / serve["1x2 b4"]["total_rss_mib"], 3)
         report["serve"] = serve
         report["startup_s"] = Summary.of(results["startup_s"]).dict()
     return report
@@ -171,12 +173,14 @@ def markdown(report: dict) -> str:
         lines += ["", "Through the app's API (int8, 64 tokens per stream), aggregate tok/s:", "",
                   "| layout | 1 stream | 2 streams | 4 streams | 4 / 1 | total PSS MiB | total RSS MiB |",
                   "|---|---|---|---|---|---|---|"]
-        for layout in ("1x2", "2x1"):
+        for layout in ("1x2 b1", "2x1 b1", "1x2 b4", "2x1 b4"):
             r = s[layout]
-            lines.append(f"| {layout.replace('x', ' worker(s) × ')} thread(s) | " +
+            shape, batch = layout.split()
+            lines.append(f"| {shape.replace('x', ' worker(s) × ')} thread(s), batch {batch[1:]} | " +
                          " | ".join(_fmt(r["aggregate_tok_s"][n]) for n in ("1", "2", "4")) +
                          f" | {_fmt(r['x_one_stream']['4'])} | {r['total_pss_mib']} | {r['total_rss_mib']} |")
-        lines += ["", f"Split layout (2×1 over 1×2, 2 streams): {_fmt(s['split_2x1_over_1x2_at_2_streams'])}×; "
+        lines += ["", f"Split layout (2×1 over 1×2, 2 streams): {_fmt(s['split_2x1_over_1x2_at_2_streams_b1'])}× "
+                      f"with one reply per worker, {_fmt(s['split_2x1_over_1x2_at_2_streams_b4'])}× with batching; "
                       f"memory of 2 workers over 1: {s['memory_2_workers_over_1_pss']}× (PSS), "
                       f"{s['memory_2_workers_over_1_rss']}× (RSS)",
                   f"Warm start-up to all workers ready (bundled model): {_fmt(report['startup_s'])} s"]
@@ -208,10 +212,11 @@ def plot(report: dict, out: Path) -> None:
     axes[1].legend()
     axes[1].set_title("TTFT per turn (conversation KV cache)")
     if "serve" in report:
-        for layout in ("1x2", "2x1"):
+        for layout in ("1x2 b1", "2x1 b1", "1x2 b4", "2x1 b4"):
             agg = report["serve"][layout]["aggregate_tok_s"]
-            axes[2].plot([1, 2, 4], [agg[n]["median"] for n in ("1", "2", "4")], "-o",
-                         label=layout.replace("x", " worker(s) × ") + " thread(s)")
+            shape, batch = layout.split()
+            axes[2].plot([1, 2, 4], [agg[n]["median"] for n in ("1", "2", "4")], "-o" if batch == "b4" else "--s",
+                         label=f"{shape.replace('x', ' worker(s) × ')} thread(s), batch {batch[1:]}")
         axes[2].set_xlabel("concurrent streams")
         axes[2].set_ylabel("aggregate tokens/s")
         axes[2].legend()

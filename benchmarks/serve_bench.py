@@ -43,13 +43,14 @@ def memory_kib(pid: int) -> dict[str, int]:
     return {"rss_kib": fields["Rss"], "pss_kib": fields["Pss"]}
 
 
-def measure_layout(tmp: Path, model: str, workers: int, threads: int, quantize: str,
+def measure_layout(tmp: Path, model: str, workers: int, threads: int, max_batch: int, quantize: str,
                    concurrency: list[int], max_tokens: int, repeats: int) -> dict:
     app = start_app(tmp, "--model", model, "--workers", str(workers), "--threads-per-worker", str(threads),
-                    "--quantize", quantize, "--dtype", "bfloat16", "--log-level", "warning")
+                    "--max-batch", str(max_batch), "--quantize", quantize, "--dtype", "bfloat16",
+                    "--log-level", "warning")
     try:
         stream_tokens(app.url, 8, 0)  # warm-up
-        result = {"workers": workers, "threads": threads, "aggregate_tok_s": {}}
+        result = {"workers": workers, "threads": threads, "max_batch": max_batch, "aggregate_tok_s": {}}
         for streams in concurrency:
             result["aggregate_tok_s"][str(streams)] = [
                 aggregate_tok_s(app.url, streams, max_tokens, seed=100 * r) for r in range(repeats)

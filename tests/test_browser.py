@@ -33,8 +33,9 @@ pytestmark = pytest.mark.skipif(not CHROMIUM.exists(),
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
+    # one reply per worker at a time, so two API clients fill the server and a third waits in line
     running = start_app(tmp_path_factory.mktemp("app"), "--model", "bundled", "--workers", "2",
-                        "--threads-per-worker", "1", "--oversubscribe")
+                        "--threads-per-worker", "1", "--oversubscribe", "--max-batch", "1")
     yield running
     if running.process.poll() is None:
         running.process.kill()

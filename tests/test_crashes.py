@@ -20,7 +20,7 @@ SHORT = SamplingParams(temperature=0.0, max_new_tokens=24)
 
 @pytest.fixture()
 def pool(bundled_model, cache_dir):
-    pool = Pool(bundled_model.path, bundled_model.name, max_queue=1,
+    pool = Pool(bundled_model.path, bundled_model.name, max_queue=1, max_batch=1,
                 weights=str(prepare(bundled_model.path, "bfloat16", "int8", cache_dir)))
     yield pool
     pool.close()

@@ -114,3 +114,43 @@ def test_closing_the_generator_stops_generation(smol_engine):
     assert all(isinstance(s, Step) for s in taken)
     with pytest.raises(StopIteration):
         next(steps)
+
+
+@pytest.fixture(scope="module")
+def smol_int8_engine(bundled_model, cache_dir):
+    return make_engine(bundled_model.path, "bfloat16", "int8", cache_dir)
+
+
+def test_batched_decode_gives_each_sequence_its_own_answer(smol_int8_engine):
+    """Three prompts stepped together produce exactly what each produces alone.
+
+    Exact with int8 (the default): its kernel computes every row the same way whatever the
+    batch size. A bf16 GEMM may sum in another order at M>1, so with --quantize none a
+    greedy near-tie can rarely resolve differently in a batch.
+    """
+    smol_engine = smol_int8_engine
+    params = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=24)
+    prompts = [smol_engine.prompt([ChatMessage("user", q)], 24).ids for q in
+               ("What is the capital of France?", "Name three colours.", "用中文说你好。")]
+    alone = [run(smol_engine, ids, params)[0] for ids in prompts]
+    started = [smol_engine.start(ids, params) for ids in prompts]
+    seqs = [seq for seq, _ in started]
+    texts = {id(seq): first.text if first else "" for seq, first in started}
+    while any(seq.reason is None for seq in seqs):
+        for seq, step in smol_engine.step(seqs):
+            texts[id(seq)] += step.text
+    together = [texts[id(seq)] + smol_engine.finish(seq).tail_text for seq in seqs]
+    assert together == alone
+    assert "Paris" in together[0]
+
+
+def test_cancelled_sequence_reports_real_metrics_and_keeps_its_cache(smol_engine):
+    ids = smol_engine.prompt([ChatMessage("user", "Count from 1 to 100.")], 100).ids
+    seq, _ = smol_engine.start(ids, SamplingParams(temperature=0.0, max_new_tokens=100), session_id="c")
+    for _ in range(5):
+        smol_engine.step([seq])
+    end = smol_engine.finish(seq, FinishReason.CANCELLED)
+    assert end.reason is FinishReason.CANCELLED and end.completion_tokens == 6
+    assert end.decode_tokens_per_s > 0 and end.ttft_ms > 0
+    again, _ = smol_engine.start(ids, SamplingParams(temperature=0.0, max_new_tokens=1), session_id="c")
+    assert again.cached == len(ids) - 1  # the next turn finds the prompt in the kept cache

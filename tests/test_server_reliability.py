@@ -184,7 +184,7 @@ def test_sigterm_stops_the_app_and_every_worker(app):
 @pytest.fixture(scope="module")
 def private_app(tmp_path_factory):
     running = start_app(tmp_path_factory.mktemp("private"), "--model", "bundled", "--workers", "1",
-                        "--auth", "alice:s3cret", "--share", "--max-queue", "0")
+                        "--auth", "alice:s3cret", "--share", "--max-queue", "0", "--max-batch", "1")
     yield running
     if running.process.poll() is None:
         running.process.kill()

@@ -87,3 +87,31 @@ def test_stop_frees_the_worker_and_no_more_tokens_arrive(pool):
     assert len(cancelled) == 1 and cancelled[0].metrics.completion_tokens < 15  # not 400
     assert "Paris" in reply
     assert not dispatcher._channels  # nothing left routed to the cancelled request
+
+
+def test_four_requests_share_two_workers_in_batches_and_keep_their_own_answers(pool):
+    dispatcher, run = pool
+    prompts = ["What is the capital of France?", "Name three colours.", "Say hello in French.", "What is 2 + 2?"]
+    params = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=32)
+
+    async def alone():
+        return [await ask(dispatcher, p, params) for p in prompts]
+
+    async def together():
+        seen_active = []
+
+        async def watch():
+            while True:
+                seen_active.append(max(len(w.active) for w in dispatcher.workers))
+                await asyncio.sleep(0.005)
+
+        watcher = asyncio.create_task(watch())
+        results = await asyncio.gather(*(ask(dispatcher, p, params) for p in prompts))
+        watcher.cancel()
+        return results, max(seen_active)
+
+    solo = run(alone())
+    batched, most_on_one_worker = run(together())
+    assert [text for text, _ in batched] == [text for text, _ in solo]
+    assert most_on_one_worker == 2  # least-loaded placement: two per worker, decoded together
+    assert {done.metrics.worker for _, done in batched} == {0, 1}

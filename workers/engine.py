@@ -1,11 +1,13 @@
-"""Token generation for one worker: a pure generator over a loaded model, no I/O.
+"""Token generation for one worker: sequences over a loaded decoder, no I/O.
 
-    prompt_ids ─▶ prefill (only the tokens the conversation cache lacks) ─▶ sample
-               ─▶ decode_one_token ─▶ sample ─▶ … until a stop token or the budget
+    start(prompt)  ─▶ prefill (only the tokens the conversation cache lacks) ─▶ sample
+    step([seqs])   ─▶ one batched decode step for every live sequence ─▶ sample each
+    finish(seq)    ─▶ keep its cache for the next turn, report its metrics
 
-The caller iterates ``Engine.generate`` and may stop at any ``Step`` (``close()`` on the
-generator): that is how a Cancel takes effect within one decode step. The engine knows
-nothing about pipes or requests; the worker loop does.
+The worker loop admits requests with ``start``, steps all of them together (several users
+share one pass over the weights) and ends one with ``finish`` on a stop token, the budget,
+or a Cancel — so a Stop takes effect within one decode step. ``generate`` is the same for
+a single sequence, as a generator. The engine knows nothing about pipes or requests.
 
 A conversation's KV cache is kept after each turn (keyed by session id, least recently
 used evicted past a memory budget), and the next turn prefills only the token ids that
@@ -55,6 +57,27 @@ class Finished:
     ttft_ms: float
     decode_tokens_per_s: float
     tail_text: str = ""  # text held back until the end (an incomplete character)
+
+
+@dataclass
+class Sequence:
+    """One request being generated: its cache, sampled tokens, text state and timings."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    session_id: str | None
+    budget: int  # most new tokens: max_new_tokens, capped by the context window
+    detok: IncrementalDetokenizer
+    history: torch.Tensor  # [<= repetition_window] recent ids, for repetition_penalty
+    generator: torch.Generator | None
+    key: str = ""  # the caller's name for it (the worker uses the request id)
+    cache: object = None
+    cached: int = 0  # prompt tokens whose KV came from the conversation cache
+    generated: list[int] = field(default_factory=list)  # the last one is sampled, not yet fed
+    reason: FinishReason | None = None  # set once it must not be stepped again
+    started: float = field(default_factory=time.perf_counter)
+    first_token_at: float = 0.0
+    last_token_at: float = 0.0
 
 
 @dataclass
@@ -173,11 +196,7 @@ class Engine:
         room = min(max_new_tokens, self.context_tokens // 4)
         return build_prompt(self.tokenizer, messages, self.context_tokens - max(room, 1))
 
-    # model steps ---------------------------------------------------------------------
-
-    def _forward(self, ids: list[int], cache) -> torch.Tensor:
-        """Run ``ids`` through the decoder on top of ``cache``; logits of the last position, [V]."""
-        return self.decoder.forward(torch.tensor(ids, dtype=torch.long), cache)
+    # conversation caches --------------------------------------------------------------
 
     def _session_cache(self, session_id: str | None, prompt_ids: list[int]):
         """A cache holding the longest cached prefix of ``prompt_ids``, and that prefix's length."""
@@ -203,49 +222,86 @@ class Engine:
 
     # generation ----------------------------------------------------------------------
 
-    @torch.no_grad()  # torch re-enters the mode at each resumption of a generator
-    def generate(
-        self, prompt_ids: list[int], params: SamplingParams, session_id: str | None = None
-    ) -> Iterator[Step | Finished]:
-        """Yield a ``Step`` per generated token, then one ``Finished``."""
-        started = time.perf_counter()
-        generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
-        budget = max(0, min(params.max_new_tokens, self.context_tokens - len(prompt_ids)))
-        cache, cached = self._session_cache(session_id, prompt_ids)
-        in_cache = list(prompt_ids)  # ids whose KV the cache will hold
-        detok = IncrementalDetokenizer(self.tokenizer)
-        history = torch.tensor(prompt_ids[-self.config.repetition_window :], dtype=torch.long)
-        generated: list[int] = []
-        first_token_at = last_token_at = started
-        reason = FinishReason.LENGTH
-        try:
-            logits = self._forward(prompt_ids[cached:], cache)
-            while len(generated) < budget:
-                token = sample(logits, params, history, generator)
-                last_token_at = time.perf_counter()
-                if not generated:
-                    first_token_at = last_token_at
-                if token in self.stop_ids:
-                    reason = FinishReason.STOP
-                    break
-                generated.append(token)
-                history = torch.cat([history[1 - self.config.repetition_window :], torch.tensor([token])])
-                yield Step(detok.push(token))
-                if len(generated) < budget:
-                    logits = self._forward([token], cache)
-                    in_cache.append(token)
-        finally:  # also on close(): a cancelled turn's cache is still worth keeping
-            self._keep_session(session_id, in_cache, cache)
-        decode_s = last_token_at - first_token_at
-        yield Finished(
-            reason=reason,
-            prompt_tokens=len(prompt_ids),
-            cached_prompt_tokens=cached,
-            completion_tokens=len(generated),
-            ttft_ms=(first_token_at - started) * 1000,
-            decode_tokens_per_s=(len(generated) - 1) / decode_s if len(generated) > 1 and decode_s > 0 else 0.0,
-            tail_text=detok.flush(),
+    @torch.no_grad()
+    def start(self, prompt_ids: list[int], params: SamplingParams, session_id: str | None = None,
+              key: str = "") -> tuple[Sequence, Step | None]:
+        """Prefill (only what the conversation cache lacks) and sample the first token."""
+        seq = Sequence(
+            key=key,
+            prompt_ids=list(prompt_ids),
+            params=params,
+            session_id=session_id,
+            budget=max(0, min(params.max_new_tokens, self.context_tokens - len(prompt_ids))),
+            detok=IncrementalDetokenizer(self.tokenizer),
+            history=torch.tensor(prompt_ids[-self.config.repetition_window :], dtype=torch.long),
+            generator=torch.Generator().manual_seed(params.seed) if params.seed is not None else None,
         )
+        seq.cache, seq.cached = self._session_cache(session_id, prompt_ids)
+        if seq.budget == 0:
+            seq.reason = FinishReason.LENGTH
+            return seq, None
+        logits = self.decoder.forward(torch.tensor(prompt_ids[seq.cached :]), seq.cache)  # [V]
+        return seq, self._emit(seq, sample(logits, params, seq.history, seq.generator))
+
+    @torch.no_grad()
+    def step(self, seqs: list[Sequence]) -> list[tuple[Sequence, Step]]:
+        """One decode step for every unfinished sequence, batched; the new tokens' steps."""
+        live = [s for s in seqs if s.reason is None]
+        if not live:
+            return []
+        tokens = torch.tensor([s.generated[-1] for s in live])  # [B]
+        logits = self.decoder.forward_batch(tokens, [s.cache for s in live])  # [B, V]
+        steps = []
+        for seq, row in zip(live, logits):
+            step = self._emit(seq, sample(row, seq.params, seq.history, seq.generator))
+            if step is not None:
+                steps.append((seq, step))
+        return steps
+
+    def _emit(self, seq: Sequence, token: int) -> Step | None:
+        now = time.perf_counter()
+        seq.first_token_at = seq.first_token_at or now
+        seq.last_token_at = now
+        if token in self.stop_ids:
+            seq.reason = FinishReason.STOP
+            return None
+        seq.generated.append(token)
+        seq.history = torch.cat([seq.history[1 - self.config.repetition_window :], torch.tensor([token])])
+        if len(seq.generated) >= seq.budget:
+            seq.reason = FinishReason.LENGTH
+        return Step(seq.detok.push(token))
+
+    def finish(self, seq: Sequence, reason: FinishReason | None = None) -> Finished:
+        """End a sequence (``reason`` overrides, e.g. CANCELLED): keep its cache, report metrics."""
+        reason = reason or seq.reason or FinishReason.CANCELLED
+        seq.reason = reason
+        in_cache = (seq.prompt_ids + seq.generated)[: seq.cache.length]
+        self._keep_session(seq.session_id, in_cache, seq.cache)  # a stopped turn's cache is still useful
+        n = len(seq.generated)
+        decode_s = seq.last_token_at - seq.first_token_at
+        return Finished(
+            reason=reason,
+            prompt_tokens=len(seq.prompt_ids),
+            cached_prompt_tokens=seq.cached,
+            completion_tokens=n,
+            ttft_ms=(seq.first_token_at - seq.started) * 1000 if seq.first_token_at else 0.0,
+            decode_tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0,
+            tail_text=seq.detok.flush(),
+        )
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams, session_id: str | None = None) -> Iterator[Step | Finished]:
+        """One sequence on its own: a ``Step`` per token, then ``Finished``. ``close()`` cancels."""
+        seq, first = self.start(prompt_ids, params, session_id)
+        try:
+            if first is not None:
+                yield first
+            while seq.reason is None:
+                for _, step in self.step([seq]):
+                    yield step
+        except GeneratorExit:
+            self.finish(seq, FinishReason.CANCELLED)
+            raise
+        yield self.finish(seq)
 
 
 def stop_token_ids(tokenizer, generation_eos: int | list[int] | None) -> set[int]:

@@ -40,3 +40,7 @@ class HFDecoder:
         out = self.model(input_ids=ids.unsqueeze(0), cache=cache.inner, use_cache=True, logits_to_keep=1)
         cache.length += ids.shape[0]
         return out.logits[0, -1].float()
+
+    def forward_batch(self, tokens: torch.Tensor, caches: list[HFCache]) -> torch.Tensor:
+        """One token for each sequence, tokens [B] → logits [B, V]; one forward each (correct, not faster)."""
+        return torch.stack([self.forward(tokens[b : b + 1], cache) for b, cache in enumerate(caches)])

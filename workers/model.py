@@ -176,46 +176,59 @@ class Transformer:
         return KVCache(self.args, self.dtype)
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = torch.outer(positions.float(), self._inv_freq)  # [S, D/2]
-        emb = torch.cat([freqs, freqs], dim=-1)  # [S, D]
+        """cos, sin for positions [B, S] → each [B, 1, S, D] (broadcast over heads)."""
+        freqs = positions.unsqueeze(-1).float() * self._inv_freq  # [B, S, D/2]
+        emb = torch.cat([freqs, freqs], dim=-1).unsqueeze(1)  # [B, 1, S, D]
         return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
         return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.args.norm_eps)).to(self.dtype)
 
-    @torch.no_grad()  # not inference_mode: torch.compile cannot write into inference tensors
+    @torch.no_grad()  # not inference_mode: tensors made here may be written in place later
     def forward(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """Run new token ids [S] after the ``cache.length`` cached ones; logits of the last, [V] fp32."""
+        """One sequence: new token ids [S] after its ``cache.length`` cached ones → last logits [V] fp32."""
+        return self._run(ids.unsqueeze(0), [cache])[0]
+
+    @torch.no_grad()
+    def forward_batch(self, tokens: torch.Tensor, caches: list[KVCache]) -> torch.Tensor:
+        """Batched decode: one new token for each of B sequences, tokens [B] → logits [B, V] fp32.
+
+        The matmuls read each weight once for all B rows, which at small B costs about what
+        one row does: B streams decode for little more than the price of one. With int8
+        weights each row's result is bit-identical to decoding it alone; a bf16 GEMM may
+        sum in another order at B > 1 (last-bit differences).
+        """
+        return self._run(tokens.unsqueeze(1), caches)
+
+    def _run(self, ids: torch.Tensor, caches: list[KVCache]) -> torch.Tensor:
+        """ids [B, S]: B = 1 (a prefill of S tokens) or S = 1 (a batched decode step)."""
         a = self.args
-        S, start = ids.shape[0], cache.length
-        T = start + S
-        cache.reserve(T)
-        cos, sin = self._rope(torch.arange(start, T))  # [S, D]
-        mask = None
-        if S > 1:  # new token i sees cached tokens and new tokens up to itself
-            mask = torch.ones(S, T, dtype=torch.bool).tril(diagonal=start)  # [S, T]
-        x = self.embed[ids].unsqueeze(0)  # [1, S, E]
+        B, S = ids.shape
+        starts = [cache.length for cache in caches]
+        for cache in caches:
+            cache.reserve(cache.length + S)
+        cos, sin = self._rope(torch.tensor(starts).unsqueeze(1) + torch.arange(S))  # [B, 1, S, D]
+        # a new token sees the cached tokens and the new ones up to itself; one token sees all
+        masks = [torch.ones(S, start + S, dtype=torch.bool).tril(start) if S > 1 else None for start in starts]
         q_size, kv_size = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
+        x = self.embed[ids]  # [B, S, E]
         for i, layer in enumerate(self.layers):
             h = self._norm(x, layer.attn_norm)
-            q, k, v = layer.qkv(h).split([q_size, kv_size, kv_size], dim=-1)  # [1, S, *]
-            q = q.view(1, S, a.n_heads, a.head_dim).transpose(1, 2)  # [1, H, S, D]
-            k = k.view(1, S, a.n_kv_heads, a.head_dim).transpose(1, 2)  # [1, Hkv, S, D]
-            v = v.view(1, S, a.n_kv_heads, a.head_dim).transpose(1, 2)
+            q, k, v = layer.qkv(h).split([q_size, kv_size, kv_size], dim=-1)  # [B, S, *]
+            q = q.view(B, S, a.n_heads, a.head_dim).transpose(1, 2)  # [B, H, S, D]
+            k = k.view(B, S, a.n_kv_heads, a.head_dim).transpose(1, 2)  # [B, Hkv, S, D]
+            v = v.view(B, S, a.n_kv_heads, a.head_dim).transpose(1, 2)
             q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
-            cache.k[i, :, start:T] = k[0]
-            cache.v[i, :, start:T] = v[0]
-            keys = cache.k[i, :, :T].unsqueeze(0)  # [1, Hkv, T, D]
-            values = cache.v[i, :, :T].unsqueeze(0)
-            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)  # [1, H, S, D]
-            x = x + layer.o(o.transpose(1, 2).reshape(1, S, q_size))
+            o = torch.cat([_attend(caches[b], i, q[b : b + 1], k[b], v[b], starts[b], masks[b]) for b in range(B)])
+            x = x + layer.o(o.transpose(1, 2).reshape(B, S, q_size))  # o: [B, H, S, D]
             h = self._norm(x, layer.mlp_norm)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
-        cache.length = T
-        x = self._norm(x[:, -1], self.norm)  # [1, E]
-        return self.lm_head(x)[0].float()  # [V]
+        for cache in caches:
+            cache.length += S
+        x = self._norm(x[:, -1], self.norm)  # [B, E]
+        return self.lm_head(x).float()  # [B, V]
 
     @property
     def weight_bytes_per_token(self) -> int:
@@ -224,8 +237,18 @@ class Transformer:
         return sum(l.nbytes for l in linears)
 
 
+def _attend(cache: KVCache, layer: int, q, k, v, start: int, mask) -> torch.Tensor:
+    """Write one sequence's new k/v [Hkv, S, D] at ``start``, attend q [1, H, S, D] over all T = start + S."""
+    end = start + k.shape[1]
+    cache.k[layer, :, start:end] = k
+    cache.v[layer, :, start:end] = v
+    keys = cache.k[layer, :, :end].unsqueeze(0)  # [1, Hkv, T, D]
+    values = cache.v[layer, :, :end].unsqueeze(0)
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)  # [1, H, S, D]
+
+
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE (the transformers convention): x [1, h, S, D], cos/sin [S, D]."""
+    """Rotate-half RoPE (the transformers convention): x [B, h, S, D], cos/sin [B, 1, S, D]."""
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin

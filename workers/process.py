@@ -15,7 +15,6 @@ import logging
 import os
 import signal
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
 from workers.cores import WorkerLayout
@@ -111,78 +110,100 @@ def warm_up(engine, tokens: int) -> None:
         pass
 
 
-def serve(engine, conn, worker_id: int) -> None:
-    pending: deque = deque()
-    while True:
-        msg = pending.popleft() if pending else conn.recv()
-        if isinstance(msg, Shutdown):
+class Batch:
+    """The requests this worker is generating, stepped together; sends what each produces."""
+
+    def __init__(self, engine, conn, worker_id: int) -> None:
+        self.engine, self.conn, self.worker_id = engine, conn, worker_id
+        self.active: dict[str, object] = {}  # request_id -> workers.engine.Sequence
+
+    def admit(self, req: Generate) -> None:
+        """Build the prompt, prefill, send the first token; refusals go back as Failed."""
+        from workers.engine import PromptTooLong
+
+        rid = req.request_id
+        try:
+            prompt = self.engine.prompt(list(req.messages), req.params.max_new_tokens)
+        except PromptTooLong as exc:
+            self.conn.send(Failed(rid, str(exc), ErrorCode.INVALID_REQUEST))
             return
-        if isinstance(msg, Generate):
-            run_request(engine, conn, worker_id, msg, pending)
-        # a Cancel for a request that already finished needs nothing
+        if prompt.dropped_turns:
+            self.conn.send(Notice(rid, f"The conversation is longer than the context window: its oldest "
+                                       f"{prompt.dropped_turns} messages were left out of this reply's prompt."))
+        seq, first = self.engine.start(prompt.ids, req.params, req.session_id, key=rid)
+        self.active[rid] = seq
+        if first is not None:
+            self._send(seq, first)
+        self._finish_done()
+
+    def step(self) -> None:
+        for seq, step in self.engine.step(list(self.active.values())):
+            self._send(seq, step)
+        self._finish_done()
+
+    def cancel(self, rid: str) -> None:
+        if rid in self.active:
+            self._finish(self.active.pop(rid), FinishReason.CANCELLED)
+
+    def fail_all(self, message: str) -> None:
+        for rid in list(self.active):
+            del self.active[rid]
+            self.conn.send(Failed(rid, message))
+
+    def _send(self, seq, step) -> None:
+        if step.text:
+            self.conn.send(Chunk(seq.key, step.text, len(seq.generated)))
+
+    def _finish_done(self) -> None:
+        for rid, seq in list(self.active.items()):
+            if seq.reason is not None:
+                del self.active[rid]
+                self._finish(seq)
+
+    def _finish(self, seq, reason: FinishReason | None = None) -> None:
+        end = self.engine.finish(seq, reason)
+        if end.tail_text:
+            self.conn.send(Chunk(seq.key, end.tail_text, end.completion_tokens))
+        self.conn.send(Done(seq.key, end.reason, Metrics(
+            worker=self.worker_id,
+            prompt_tokens=end.prompt_tokens,
+            cached_prompt_tokens=end.cached_prompt_tokens,
+            completion_tokens=end.completion_tokens,
+            ttft_ms=end.ttft_ms,
+            decode_tokens_per_s=end.decode_tokens_per_s,
+        )))
 
 
-def cancelled(conn, request_id: str, pending: deque) -> bool:
-    """Drain the pipe without blocking; True if this request was cancelled (or we must exit)."""
-    while conn.poll():
-        msg = conn.recv()
-        if isinstance(msg, Cancel) and msg.request_id == request_id:
-            return True
-        if isinstance(msg, Shutdown):
-            pending.appendleft(msg)
-            return True
-        if not isinstance(msg, Cancel):
-            pending.append(msg)
-    return False
+def serve(engine, conn, worker_id: int) -> None:
+    """Block while idle; while generating, read the pipe between decode steps without blocking.
 
-
-def run_request(engine, conn, worker_id: int, req: Generate, pending: deque) -> None:
-    from workers.engine import Finished, PromptTooLong
-
-    rid = req.request_id
-    started = time.perf_counter()
-    try:
-        prompt = engine.prompt(list(req.messages), req.params.max_new_tokens)
-    except PromptTooLong as exc:
-        conn.send(Failed(rid, str(exc), ErrorCode.INVALID_REQUEST))
-        return
-    if prompt.dropped_turns:
-        conn.send(
-            Notice(rid, f"The conversation is longer than the context window: its oldest "
-                   f"{prompt.dropped_turns} messages were left out of this reply's prompt.")
-        )
-    tokens = 0
-    first_at = None
-    steps = engine.generate(prompt.ids, req.params, req.session_id)
-    try:
-        for event in steps:
-            if isinstance(event, Finished):
-                if event.tail_text:
-                    conn.send(Chunk(rid, event.tail_text, tokens))
-                conn.send(Done(rid, event.reason, Metrics(
-                    worker=worker_id,
-                    prompt_tokens=event.prompt_tokens,
-                    cached_prompt_tokens=event.cached_prompt_tokens,
-                    completion_tokens=event.completion_tokens,
-                    ttft_ms=event.ttft_ms,
-                    decode_tokens_per_s=event.decode_tokens_per_s,
-                )))
+    New requests join the running batch after their prefill; a Cancel ends its request
+    before the next step; Shutdown ends the loop.
+    """
+    batch = Batch(engine, conn, worker_id)
+    while True:
+        inbox = [] if batch.active else [conn.recv()]
+        while conn.poll():
+            inbox.append(conn.recv())
+        for msg in inbox:
+            if isinstance(msg, Shutdown):
                 return
-            tokens += 1
-            first_at = first_at or time.perf_counter()
-            if event.text:
-                conn.send(Chunk(rid, event.text, tokens))
-            if cancelled(conn, rid, pending):
-                steps.close()
-                conn.send(Done(rid, FinishReason.CANCELLED, Metrics(
-                    worker=worker_id,
-                    prompt_tokens=len(prompt.ids),
-                    completion_tokens=tokens,
-                    ttft_ms=(first_at - started) * 1000,
-                )))
-                return
-    except (EOFError, BrokenPipeError, ConnectionResetError):
-        raise
-    except Exception as exc:  # noqa: BLE001 - one bad request must not take the worker down
-        log.exception("request %s failed", rid)
-        conn.send(Failed(rid, f"Generation failed on worker {worker_id}: {type(exc).__name__}: {exc}"))
+            try:
+                if isinstance(msg, Cancel):
+                    batch.cancel(msg.request_id)  # one that already finished needs nothing
+                elif isinstance(msg, Generate):
+                    batch.admit(msg)
+            except (EOFError, BrokenPipeError, ConnectionResetError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - one bad request must not take the worker down
+                log.exception("request %s failed", getattr(msg, "request_id", "?"))
+                batch.active.pop(getattr(msg, "request_id", None), None)
+                conn.send(Failed(msg.request_id, f"Generation failed on worker {worker_id}: {type(exc).__name__}: {exc}"))
+        if batch.active:
+            try:
+                batch.step()
+            except (EOFError, BrokenPipeError, ConnectionResetError):
+                raise
+            except Exception as exc:  # noqa: BLE001
+                log.exception("decode step failed")
+                batch.fail_all(f"Generation failed on worker {worker_id}: {type(exc).__name__}: {exc}")
