@@ -1,9 +1,9 @@
 """Route each request to one worker process and stream its messages back to that request only.
 
-    stream() ──acquire──▶ idle worker? ──yes──▶ send Generate ──▶ per-request asyncio.Queue ◀── reader thread
-                              │ no                                                        (one per worker pipe)
-                              ▼
-                      FIFO of waiters (bounded); a worker freed by Done/Failed goes to the first
+    stream() ──acquire──▶ free slot? ──yes──▶ send Generate ──▶ per-request asyncio.Queue ◀── reader thread
+                             │ no         (least-loaded worker,                             (one per worker pipe)
+                             ▼             or the one holding the conversation's KV cache)
+                     FIFO of waiters (bounded); a slot freed by Done/Failed goes to the first
 
 All dispatcher state lives on the event loop thread. Each worker has one reader thread that
 blocks on its pipe (never the event loop) and hands every message to the loop with
@@ -27,7 +27,7 @@ import time
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import multiprocess
 

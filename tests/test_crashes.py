@@ -39,7 +39,7 @@ def test_sigkill_mid_stream_fails_that_request_only_and_the_worker_comes_back(po
         results: dict[str, tuple] = {}
 
         async def request(name, text, params):
-            reply, last, first_at = "", None, None
+            reply, last = "", None
             async for event in d.stream([ChatMessage("user", text)], params):
                 if isinstance(event, Chunk):
                     reply += event.text

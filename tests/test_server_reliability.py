@@ -160,7 +160,7 @@ def test_sixteen_concurrent_clients_each_get_their_own_answer(app):
     alone = {p: stream_chat(app, p, **params)[0] for p in prompts}
     with ThreadPoolExecutor(16) as pool:
         together = list(pool.map(lambda p: stream_chat(app, p, **params), prompts))
-    for prompt, (text, _) in zip(prompts, together):
+    for prompt, (text, _) in zip(prompts, together, strict=True):
         assert text == alone[prompt], f"answer to {prompt!r} changed under load"
     ttfts = sorted(t for _, t in together)
     report = {"clients": 16, "workers": 2, "max_tokens": 24,
@@ -228,6 +228,17 @@ def test_full_queue_answers_503_busy(private_app):
     assert busy.headers["retry-after"]
     metrics = httpx.get(private_app.url + "/metrics", timeout=10).text
     assert 'cpu_chat_requests_total{outcome="rejected"} 1.0' in metrics
+
+
+def test_the_log_holds_no_prompts_replies_or_passwords(private_app):
+    secret_prompt = "My bank PIN is 48213, what is the capital of France?"
+    r = httpx.post(private_app.url + "/v1/chat/completions", auth=("alice", "s3cret"), timeout=60,
+                   json={"messages": [{"role": "user", "content": secret_prompt}], "temperature": 0})
+    assert r.status_code == 200
+    reply = r.json()["choices"][0]["message"]["content"]
+    log = private_app.log()
+    assert "48213" not in log and "s3cret" not in log
+    assert reply.strip() and reply.strip() not in log
 
 
 def test_workers_exit_on_their_own_when_the_app_is_killed(private_app):

@@ -204,7 +204,7 @@ class Engine:
         if session is None:
             return self.decoder.new_cache(), 0
         common = 0
-        for a, b in zip(session.ids, prompt_ids):
+        for a, b in zip(session.ids, prompt_ids, strict=False):
             if a != b:
                 break
             common += 1
@@ -252,7 +252,7 @@ class Engine:
         tokens = torch.tensor([s.generated[-1] for s in live])  # [B]
         logits = self.decoder.forward_batch(tokens, [s.cache for s in live])  # [B, V]
         steps = []
-        for seq, row in zip(live, logits):
+        for seq, row in zip(live, logits, strict=True):
             step = self._emit(seq, sample(row, seq.params, seq.history, seq.generator))
             if step is not None:
                 steps.append((seq, step))

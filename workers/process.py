@@ -4,8 +4,9 @@ Started with the ``spawn`` method, so nothing of the parent's torch state (threa
 OpenMP runtime) is inherited. The thread budget has to be set before torch is imported,
 which is why torch and everything that imports it are imported inside ``run_worker``.
 
-Between two tokens the loop polls the pipe: a ``Cancel`` for the running request stops it
-within one decode step; anything else that arrives meanwhile waits its turn.
+While generating, the loop reads the pipe between two decode steps without blocking: a new
+request is prefilled and joins the batch, a ``Cancel`` ends its request before the next
+step (so Stop takes effect within one decode step), ``Shutdown`` ends the loop.
 """
 
 from __future__ import annotations
@@ -36,7 +37,11 @@ from workers.protocol import (
 
 log = logging.getLogger("workers")
 
-WARMUP_MESSAGES = (ChatMessage("user", "Hello!"),)
+WARMUP_MESSAGES = (  # a short and a longer prompt: the two matmul paths (see workers.model.Linear)
+    (ChatMessage("user", "Hello!"),),
+    (ChatMessage("user", "Please tell me, in a few friendly words, what you can help me with today, "
+                         "and how I should phrase my questions to get the most useful answers."),),
+)
 PR_SET_PDEATHSIG = 1
 
 
@@ -104,10 +109,14 @@ def run_worker(spec: WorkerSpec, conn) -> None:
 
 
 def warm_up(engine, tokens: int) -> None:
-    """One short greedy reply, so the first user does not pay for lazy initialisation."""
-    prompt = engine.prompt(list(WARMUP_MESSAGES), tokens)
-    for _ in engine.generate(prompt.ids, SamplingParams(temperature=0.0, max_new_tokens=tokens)):
-        pass
+    """Two short greedy replies decoded as a batch, so the first users do not pay for lazy
+    initialisation (kernel selection, allocator growth) of any path they will take."""
+    params = SamplingParams(temperature=0.0, max_new_tokens=tokens)
+    seqs = [engine.start(engine.prompt(list(m), tokens).ids, params)[0] for m in WARMUP_MESSAGES]
+    while any(seq.reason is None for seq in seqs):
+        engine.step(seqs)
+    for seq in seqs:
+        engine.finish(seq)
 
 
 class Batch:
