@@ -44,6 +44,7 @@ def main(spec: dict) -> dict:
             "without_cache": [runner.conversation(reuse=False) for _ in range(spec["repeats"])],
         }
         result["weight_bytes_per_token"] = runner.decoder.weight_bytes_per_token
+        result["matmul_floor_ms"] = [runner.matmul_floor() * 1000 for _ in range(spec["repeats"])]
     return result
 
 
@@ -100,6 +101,20 @@ class Lean:
         for _ in range(n):
             token = self.decoder.forward(token, cache).argmax().view(1)
         return time.perf_counter() - started
+
+    def matmul_floor(self) -> float:
+        """Seconds for just the matmuls of one decode step: what the step would cost with zero
+        overhead, so (step time - this) is the per-token overhead left to remove."""
+        torch, d = self.torch, self.decoder
+        linears = [d.lm_head] + [l for layer in d.layers for l in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        inputs = [torch.randn(1, l.weight.shape[1], dtype=d.dtype) for l in linears]
+        for lin, x in zip(linears, inputs, strict=True):
+            lin(x)
+        started = time.perf_counter()
+        for _ in range(10):
+            for lin, x in zip(linears, inputs, strict=True):
+                lin(x)
+        return (time.perf_counter() - started) / 10
 
     def conversation(self, reuse: bool) -> list[float]:
         """TTFT (ms) of each turn; each turn adds a user message and a forced reply to the history.

@@ -117,6 +117,11 @@ def summarize(results: dict) -> dict:
                 row[f"turn5_over_turn1_{key}"] = turn5_over_1.dict()
         if "weight_bytes_per_token" in r:
             row["weight_mb_per_token"] = round(r["weight_bytes_per_token"] / 1e6, 1)
+            floor = Summary.of(r["matmul_floor_ms"])
+            row["matmul_floor_ms"] = floor.dict()
+            row["matmul_floor_tok_s"] = round(1000 / floor.median, 1)
+            row["weight_gb_per_s_at_floor"] = round(r["weight_bytes_per_token"] / floor.median / 1e6, 1)
+            row["step_overhead_ms"] = round(1000 / decode.median - floor.median, 2)
         rows.append(row)
     report = {"engines": rows}
     bundled = results["bundled"]
@@ -158,6 +163,13 @@ def markdown(report: dict) -> str:
         lines.append(f"| {r['config']} | {r['threads']} | {_fmt(r['prefill_64_ms'])} | {_fmt(r['prefill_64_x'])} | "
                      f"{_fmt(r['prefill_512_ms'])} | {_fmt(r['prefill_512_x'])} | {_fmt(r['decode_tok_s'])} | "
                      f"{_fmt(r['decode_x'])} |")
+    lines += ["", "Where a lean decode step goes (the matmuls alone vs the whole step):", "",
+              "| config | weights MB/token | matmuls alone ms | = GB/s | tok/s if no overhead | overhead ms/token |",
+              "|---|---|---|---|---|---|"]
+    for r in report["engines"]:
+        if "matmul_floor_ms" in r:
+            lines.append(f"| {r['config']} | {r['weight_mb_per_token']} | {_fmt(r['matmul_floor_ms'])} | "
+                         f"{r['weight_gb_per_s_at_floor']} | {r['matmul_floor_tok_s']} | {r['step_overhead_ms']} |")
     lean = next(r for r in report["engines"] if r["config"] == "lean int8, 2 threads")
     lines += ["", "Turn TTFT (ms), lean int8 2 threads, 5-turn conversation (~600 tokens by turn 5):", "",
               "| | " + " | ".join(f"turn {i + 1}" for i in range(5)) + " | turn 5 / turn 1 |",

@@ -154,3 +154,17 @@ def test_cancelled_sequence_reports_real_metrics_and_keeps_its_cache(smol_engine
     assert end.decode_tokens_per_s > 0 and end.ttft_ms > 0
     again, _ = smol_engine.start(ids, SamplingParams(temperature=0.0, max_new_tokens=1), session_id="c")
     assert again.cached == len(ids) - 1  # the next turn finds the prompt in the kept cache
+
+
+def test_sampling_follows_the_distribution_after_top_k_and_top_p():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    none = torch.tensor([], dtype=torch.long)
+    g = torch.Generator().manual_seed(0)
+    full = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
+    counts = torch.bincount(torch.tensor([sample(logits, full, none, g) for _ in range(4000)]), minlength=4)
+    assert torch.allclose(counts / 4000, torch.tensor([0.5, 0.3, 0.15, 0.05]), atol=0.03)
+    nucleus = SamplingParams(temperature=1.0, top_k=0, top_p=0.7, repetition_penalty=1.0)  # keeps 0.5 + 0.3
+    counts = torch.bincount(torch.tensor([sample(logits, nucleus, none, g) for _ in range(4000)]), minlength=4)
+    assert counts[2:].sum() == 0 and abs(counts[0] / 4000 - 0.5 / 0.8) < 0.03
+    top2 = SamplingParams(temperature=1.0, top_k=2, top_p=1.0, repetition_penalty=1.0)
+    assert set(sample(logits, top2, none, g) for _ in range(500)) == {0, 1}

@@ -93,3 +93,17 @@ def test_unsupported_architecture_is_reported(tmp_path):
     GPT2Config(n_layer=1, n_embd=32, n_head=2).save_pretrained(tmp_path)
     with pytest.raises(UnsupportedModel, match="gpt2"):
         prepare(str(tmp_path), "float32", "none", tmp_path)
+
+
+def test_long_context_decode_attention_matches_transformers(tiny_qwen, bundled_tokenizer, tmp_path):
+    """Past MATMUL_ATTENTION_FROM cached tokens decode takes the matmul path: same logits."""
+    from workers.model import MATMUL_ATTENTION_FROM
+
+    path = str(tiny_qwen)
+    ids = bundled_tokenizer("The quick brown fox jumps over the lazy dog. " * 30).input_ids[: MATMUL_ATTENTION_FROM + 20]
+    reference = hf_logits(path, ids)
+    decoder = load(path, "float32", str(prepare(path, "float32", "none", tmp_path))).decoder
+    cache = decoder.new_cache()
+    decoder.forward(torch.tensor(ids[: MATMUL_ATTENTION_FROM - 5]), cache)
+    got = [decoder.forward(torch.tensor([t]), cache) for t in ids[MATMUL_ATTENTION_FROM - 5 :]]
+    torch.testing.assert_close(torch.stack(got), reference[MATMUL_ATTENTION_FROM - 5 :], atol=2e-3, rtol=1e-3)
