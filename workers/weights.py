@@ -16,15 +16,19 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import mmap
 import os
 import struct
 import tempfile
+import time
 from pathlib import Path
 
 import torch
 
 from workers.model import ModelArgs, UnsupportedModel, quantize_int8
+
+log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 QUANTIZATIONS = ("none", "int8")
@@ -50,6 +54,9 @@ def prepare(model_path: str, dtype: str, quantize: str, cache_dir: Path) -> Path
         return out
     from safetensors.torch import load_file
 
+    log.info("Preparing %s weights (%s, quantize=%s) in %s — once; later starts map the file",
+             Path(model_path).name, dtype, quantize, out.parent)
+    started = time.monotonic()
     state: dict[str, torch.Tensor] = {}
     for shard in shards:
         state.update(load_file(shard))
@@ -63,6 +70,7 @@ def prepare(model_path: str, dtype: str, quantize: str, cache_dir: Path) -> Path
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+    log.info("Prepared %s in %.1f s (%.0f MB)", out.name, time.monotonic() - started, out.stat().st_size / 1e6)
     return out
 
 
