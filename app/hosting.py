@@ -6,8 +6,8 @@
     offline_model_install(environ)            # the pip command a Space still needs, or None
 
 A Space runs ``python launch.py`` with no flags, so its layout comes from a config file of
-its own: 0.0.0.0:7860 (where Spaces route traffic), and 2 workers × 1 thread for the free
-CPU hardware's 2 vCPUs. The environment still wins over the file, and flags over both.
+its own: 0.0.0.0:7860 (where Spaces route traffic), and one worker on the free CPU
+hardware's 2 vCPUs (batched decode; see workers.cores.auto_workers for why one). The environment still wins over the file, and flags over both.
 """
 
 from __future__ import annotations

@@ -39,4 +39,4 @@ def test_physical_cores_groups_hyperthread_siblings(tmp_path, monkeypatch):
 
 
 def test_auto_workers():
-    assert [auto_workers(n) for n in (1, 2, 4, 8, 16)] == [1, 2, 2, 4, 4]
+    assert [auto_workers(n) for n in (1, 2, 4, 8, 16, 64)] == [1, 1, 1, 2, 4, 4]

@@ -31,7 +31,7 @@ def test_readme_front_matter_describes_a_gradio_space_that_can_start():
 def test_a_space_listens_on_all_interfaces_with_one_worker_per_vcpu():
     cfg = parse_config([], environ=SPACE)
     assert (cfg.host, cfg.port) == ("0.0.0.0", 7860)
-    assert (cfg.workers, cfg.threads_per_worker, cfg.oversubscribe) == (2, 1, True)
+    assert (cfg.workers, cfg.threads_per_worker, cfg.oversubscribe) == (1, "auto", False)
     assert not cfg.share
 
 
