@@ -41,7 +41,7 @@ class AppConfig:
     max_batch: int = 4  # replies each worker generates together (one pass over the weights)
     max_queue: int = 64
     max_context_tokens: int = 4096
-    system_prompt: str = "You are a helpful assistant."
+    system_prompt: str = ""  # "": the chat template's own default
     cache_dir: str = "~/.cache/cpu-chat"
     hub_timeout_s: float = 3.0
     log_level: str = "info"

@@ -142,7 +142,8 @@ def build_ui(dispatcher: Dispatcher, model: ResolvedModel, system_prompt: str,
         # Unrendered here, so ChatInterface renders them in its accordion. (Created inside an
         # unrendered Accordion they count as rendered, never appear, and the page sends None.)
         inputs = [
-            gr.Textbox(system_prompt, label="System prompt", lines=2, render=False),
+            gr.Textbox(system_prompt, label="System prompt", lines=2, render=False,
+                       placeholder="Empty: the model's own default system prompt"),
             gr.Slider(*TEMPERATURE_RANGE, value=defaults.temperature, step=0.05, label="Temperature (0 = greedy)",
                       render=False),
             gr.Slider(*TOP_P_RANGE, value=defaults.top_p, step=0.01, label="Top-p", render=False),

@@ -27,10 +27,10 @@ class FinishReason(str, enum.Enum):
 class SamplingParams:
     """How to pick the next token. ``temperature == 0`` means greedy."""
 
-    temperature: float = 0.7
+    temperature: float = 0.3
     top_p: float = 0.9
     top_k: int = 50
-    repetition_penalty: float = 1.1
+    repetition_penalty: float = 1.05
     max_new_tokens: int = 512
     seed: int | None = None
 
