@@ -54,6 +54,8 @@ class DispatcherCollector:
                                 value=self.dispatcher.queue_depth)
         yield GaugeMetricFamily(f"{PREFIX}_busy_workers", "Workers generating (or finishing a cancelled) reply.",
                                 value=sum(w.state is WorkerState.BUSY for w in workers))
+        yield GaugeMetricFamily(f"{PREFIX}_active_replies", "Replies being generated, over all workers' batches.",
+                                value=sum(len(w.active) for w in workers))
         yield GaugeMetricFamily(f"{PREFIX}_ready_workers", "Workers loaded and warmed up (idle or busy).",
                                 value=self.dispatcher.ready_count)
         yield GaugeMetricFamily(f"{PREFIX}_workers", "Worker processes configured.", value=len(workers))

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +40,18 @@ class RunningApp:
     def stop(self, sig: int = signal.SIGINT, timeout_s: float = 30) -> int:
         self.process.send_signal(sig)
         return self.process.wait(timeout_s)
+
+
+@contextlib.contextmanager
+def running_app(tmp_path: Path, *args: str, **kwargs) -> Iterator[RunningApp]:
+    """``start_app`` for a fixture: the process is killed (by pid) if a test left it running."""
+    app = start_app(tmp_path, *args, **kwargs)
+    try:
+        yield app
+    finally:
+        if app.process.poll() is None:
+            app.process.kill()
+            app.process.wait()
 
 
 def start_app(tmp_path: Path, *args: str, ready_timeout_s: float = 240, env: dict | None = None,

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e import ROOT, start_app
+from tests.e2e import ROOT, running_app
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -34,12 +34,9 @@ pytestmark = pytest.mark.skipif(not CHROMIUM.exists(),
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
     # one reply per worker at a time, so two API clients fill the server and a third waits in line
-    running = start_app(tmp_path_factory.mktemp("app"), "--model", "bundled", "--workers", "2",
-                        "--threads-per-worker", "1", "--oversubscribe", "--max-batch", "1")
-    yield running
-    if running.process.poll() is None:
-        running.process.kill()
-        running.process.wait()
+    with running_app(tmp_path_factory.mktemp("app"), "--model", "bundled", "--workers", "2",
+                        "--threads-per-worker", "1", "--oversubscribe", "--max-batch", "1") as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

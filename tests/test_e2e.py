@@ -10,7 +10,7 @@ import pytest
 from gradio_client import Client
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e import start_app, wait_gone
+from tests.e2e import running_app, wait_gone
 
 GREEDY_UI = dict(system="", temperature=0.0, top_p=1.0, top_k=0, repetition_penalty=1.0, max_new_tokens=64)
 
@@ -19,12 +19,9 @@ GREEDY_UI = dict(system="", temperature=0.0, top_p=1.0, top_k=0, repetition_pena
 def app(tmp_path_factory):
     # The default model id, as a new user would run it: the hub is unreachable, so the app
     # must fall back to the bundled model on its own.
-    running = start_app(tmp_path_factory.mktemp("app"), "--workers", "2", "--threads-per-worker", "1",
-                        "--oversubscribe")
-    yield running
-    if running.process.poll() is None:
-        running.process.kill()
-        running.process.wait()
+    with running_app(tmp_path_factory.mktemp("app"), "--workers", "2", "--threads-per-worker", "1",
+                        "--oversubscribe") as running:
+        yield running
 
 
 def test_health_reports_model_fallback_and_worker_layout(app):
@@ -123,6 +120,7 @@ def test_metrics_count_requests_tokens_and_cached_prompt_tokens(app):
     assert moved("cpu_chat_time_per_output_token_seconds_count") == 2
     assert after["cpu_chat_workers"] == after["cpu_chat_ready_workers"] == 2
     assert after["cpu_chat_busy_workers"] == 0 and after["cpu_chat_queue_depth"] == 0
+    assert after["cpu_chat_active_replies"] == 0
     assert after['cpu_chat_worker_restarts_total{worker="0"}'] == 0
 
 

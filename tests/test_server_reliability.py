@@ -14,19 +14,16 @@ import httpx
 import pytest
 from gradio_client import Client
 
-from tests.e2e import start_app, wait_gone
+from tests.e2e import running_app, wait_gone
 
 OUTPUT = Path(__file__).resolve().parent.parent / "test-output"
 
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
-    running = start_app(tmp_path_factory.mktemp("app"), "--model", "bundled", "--workers", "2",
-                        "--threads-per-worker", "1", "--oversubscribe", "--max-queue", "32")
-    yield running
-    if running.process.poll() is None:
-        running.process.kill()
-        running.process.wait()
+    with running_app(tmp_path_factory.mktemp("app"), "--model", "bundled", "--workers", "2",
+                        "--threads-per-worker", "1", "--oversubscribe", "--max-queue", "32") as running:
+        yield running
 
 
 def chat(app, content=None, messages=None, timeout=120, **params):
@@ -183,12 +180,9 @@ def test_sigterm_stops_the_app_and_every_worker(app):
 
 @pytest.fixture(scope="module")
 def private_app(tmp_path_factory):
-    running = start_app(tmp_path_factory.mktemp("private"), "--model", "bundled", "--workers", "1",
-                        "--auth", "alice:s3cret", "--share", "--max-queue", "0", "--max-batch", "1")
-    yield running
-    if running.process.poll() is None:
-        running.process.kill()
-        running.process.wait()
+    with running_app(tmp_path_factory.mktemp("private"), "--model", "bundled", "--workers", "1",
+                        "--auth", "alice:s3cret", "--share", "--max-queue", "0", "--max-batch", "1") as running:
+        yield running
 
 
 def test_share_link_failure_is_a_warning_and_the_app_keeps_serving(private_app):

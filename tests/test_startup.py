@@ -13,7 +13,7 @@ import httpx
 import pytest
 from gradio_client import Client
 
-from tests.e2e import start_app
+from tests.e2e import running_app
 
 GREEDY_UI = dict(system="", temperature=0.0, top_p=1.0, top_k=0, repetition_penalty=1.0, max_new_tokens=32)
 
@@ -30,12 +30,9 @@ def wait_until(condition, timeout_s: float = 120) -> bool:
 
 @pytest.fixture(scope="module")
 def loading_app(tmp_path_factory):
-    running = start_app(tmp_path_factory.mktemp("app"), "--model", "bundled", "--workers", "2",
-                        "--threads-per-worker", "1", "--oversubscribe", wait_for_workers=False)
-    yield running
-    if running.process.poll() is None:
-        running.process.kill()
-        running.process.wait()
+    with running_app(tmp_path_factory.mktemp("app"), "--model", "bundled", "--workers", "2",
+                        "--threads-per-worker", "1", "--oversubscribe", wait_for_workers=False) as running:
+        yield running
 
 
 def test_requests_sent_while_workers_load_wait_in_line_then_get_answers(loading_app):

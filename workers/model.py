@@ -9,11 +9,14 @@ forward pass alone, in the style of gpt-fast's ``model.py``:
 * every linear is either a plain ``F.linear`` in the compute dtype or int8 weight-only
   (``aten._weight_int8pack_mm``: int8 weights, per-output-channel scales), the lm_head too;
 * the KV cache is pre-allocated and grows by doubling, so decode never concatenates;
+* ``forward_batch`` decodes one token for each of several sequences in one pass over the
+  weights (each with its own cache and position);
 * weights are views into a memory-mapped file (see ``workers.weights``), so N workers
   share one copy through the page cache.
 
-Shapes: B = 1 always; S = new tokens; T = cached + new tokens; H / Hkv = query / kv heads;
-D = head dim; E = model width.
+Shapes: B = sequences decoded together (1 for a prefill); S = new tokens per sequence (1 in
+a batched decode); T = cached + new tokens; H / Hkv = query / kv heads; D = head dim;
+E = model width; V = vocabulary.
 """
 
 from __future__ import annotations
@@ -119,8 +122,8 @@ class KVCache:
     def __init__(self, args: ModelArgs, dtype: torch.dtype, capacity: int = 256) -> None:
         self.args, self.dtype, self.length = args, dtype, 0
         shape = (args.n_layers, args.n_kv_heads, capacity, args.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype)
-        self.v = torch.zeros(shape, dtype=dtype)
+        self.k = torch.empty(shape, dtype=dtype)  # only [:length] is ever read
+        self.v = torch.empty(shape, dtype=dtype)
 
     @property
     def capacity(self) -> int:
@@ -132,7 +135,7 @@ class KVCache:
         capacity = max(total, 2 * self.capacity)
         for name in ("k", "v"):
             old = getattr(self, name)
-            new = torch.zeros(old.shape[0], old.shape[1], capacity, old.shape[3], dtype=self.dtype)
+            new = torch.empty(old.shape[0], old.shape[1], capacity, old.shape[3], dtype=self.dtype)
             new[:, :, : self.length] = old[:, :, : self.length]
             setattr(self, name, new)
 
