@@ -160,7 +160,7 @@ def test_sixteen_concurrent_clients_each_get_their_own_answer(app):
     for prompt, (text, _) in zip(prompts, together, strict=True):
         assert text == alone[prompt], f"answer to {prompt!r} changed under load"
     ttfts = sorted(t for _, t in together)
-    report = {"clients": 16, "workers": 2, "max_tokens": 24,
+    report = {"clients": 16, "workers": 2, "threads_per_worker": 1, "max_batch": 4, "max_tokens": 24,
               "ttft_p50_s": round(statistics.median(ttfts), 3),
               "ttft_p95_s": round(ttfts[int(0.95 * (len(ttfts) - 1))], 3),
               "ttft_max_s": round(ttfts[-1], 3)}

@@ -180,9 +180,9 @@ class Transformer:
         return KVCache(self.args, self.dtype)
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin for positions [B, S] → each [B, 1, S, D] (broadcast over heads)."""
+        """cos, sin for positions [B, S] → each [B, S, 1, D] (broadcast over heads)."""
         freqs = positions.unsqueeze(-1).float() * self._inv_freq  # [B, S, D/2]
-        emb = torch.cat([freqs, freqs], dim=-1).unsqueeze(1)  # [B, 1, S, D]
+        emb = torch.cat([freqs, freqs], dim=-1).unsqueeze(2)  # [B, S, 1, D]
         return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -212,20 +212,20 @@ class Transformer:
         starts = [cache.length for cache in caches]
         for cache in caches:
             cache.reserve(cache.length + S)
-        cos, sin = self._rope(torch.tensor(starts).unsqueeze(1) + torch.arange(S))  # [B, 1, S, D]
+        cos, sin = self._rope(torch.tensor(starts).unsqueeze(1) + torch.arange(S))  # [B, S, 1, D]
         # a new token sees the cached tokens and the new ones up to itself; one token sees all
         masks = [torch.ones(S, start + S, dtype=torch.bool).tril(start) if S > 1 else None for start in starts]
-        q_size, kv_size = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
+        H, Hkv, D = a.n_heads, a.n_kv_heads, a.head_dim
         x = self.embed[ids]  # [B, S, E]
         for i, layer in enumerate(self.layers):
             h = self._norm(x, layer.attn_norm)
-            q, k, v = layer.qkv(h).split([q_size, kv_size, kv_size], dim=-1)  # [B, S, *]
-            q = q.view(B, S, a.n_heads, a.head_dim).transpose(1, 2)  # [B, H, S, D]
-            k = k.view(B, S, a.n_kv_heads, a.head_dim).transpose(1, 2)  # [B, Hkv, S, D]
-            v = v.view(B, S, a.n_kv_heads, a.head_dim).transpose(1, 2)
-            q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+            qkv = layer.qkv(h).view(B, S, H + 2 * Hkv, D)
+            qk = _apply_rope(qkv[:, :, : H + Hkv], cos, sin)  # q and k heads rotated in one go
+            q = qk[:, :, :H].transpose(1, 2)  # [B, H, S, D]
+            k = qk[:, :, H:].transpose(1, 2)  # [B, Hkv, S, D]
+            v = qkv[:, :, H + Hkv :].transpose(1, 2)
             o = torch.cat([_attend(caches[b], i, q[b : b + 1], k[b], v[b], starts[b], masks[b]) for b in range(B)])
-            x = x + layer.o(o.transpose(1, 2).reshape(B, S, q_size))  # o: [B, H, S, D]
+            x = x + layer.o(o.transpose(1, 2).reshape(B, S, H * D))  # o: [B, H, S, D]
             h = self._norm(x, layer.mlp_norm)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
@@ -264,7 +264,7 @@ def _attend(cache: KVCache, layer: int, q, k, v, start: int, mask) -> torch.Tens
 
 
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE (the transformers convention): x [B, h, S, D], cos/sin [B, 1, S, D]."""
+    """Rotate-half RoPE (the transformers convention): x [B, S, h, D], cos/sin [B, S, 1, D]."""
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
