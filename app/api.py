@@ -2,7 +2,8 @@
 
     POST /v1/chat/completions   stream (server-sent events) or one JSON response
     GET  /v1/models             the one model being served
-    GET  /health                readiness, model, and each worker's pid, cores, threads, state
+    GET  /health                readiness, model, start-up stage (or error), each worker's pid,
+                                cores, threads, state
 
 Out-of-range fields are refused with 422 by the request model (the limits are the ones in
 ``app.validation``); a message the model cannot take gets 400; a busy server 503 with
@@ -26,6 +27,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from app.auth import Credentials, api_guard
 from app.dispatcher import Dispatcher, Queued, QueueFull
+from app.startup import Startup
 from app.validation import (
     MAX_MESSAGE_CHARS,
     MAX_MESSAGES,
@@ -38,7 +40,6 @@ from app.validation import (
     check_message,
     clean_text,
 )
-from workers.loader import ResolvedModel
 from workers.protocol import ChatMessage, Chunk, Done, ErrorCode, Failed, Notice, SamplingParams
 
 STATUS_FOR = {ErrorCode.INVALID_REQUEST: 400, ErrorCode.UNAVAILABLE: 503, ErrorCode.INTERNAL: 500}
@@ -126,26 +127,35 @@ def metrics(done: Done) -> dict:
     return {k: round(v, 2) if isinstance(v, float) else v for k, v in dataclasses.asdict(done.metrics).items()}
 
 
-def build_router(dispatcher: Dispatcher, model: ResolvedModel, defaults: SamplingParams,
+def build_router(dispatcher: Dispatcher, startup: Startup, defaults: SamplingParams,
                  auth: Credentials | None = None) -> APIRouter:
+    """``startup.model`` is None until the model is resolved (in the background, after listening)."""
     router = APIRouter()
     protected = [Depends(api_guard(auth))] if auth else []
 
+    def model_name() -> str:
+        return startup.model.name if startup.model else "(being prepared)"
+
     @router.get("/health")
     async def health() -> dict:
+        model, state = startup.model, startup.snapshot()
         return {
             "ready": dispatcher.ready_count > 0,
             "workers_ready": dispatcher.ready_count,
-            "model": model.name,
-            "model_source": model.source,
-            "model_reason": model.reason,
+            "model": model.name if model else None,
+            "model_source": model.source if model else None,
+            "model_reason": model.reason if model else None,
+            "startup": state.as_dict(),
+            "startup_error": state.error,
             "queue_depth": dispatcher.queue_depth,
             "workers": dispatcher.describe(),
         }
 
     @router.get("/v1/models", dependencies=protected)
     async def models() -> dict:
-        return {"object": "list", "data": [{"id": model.name, "object": "model", "owned_by": "local"}]}
+        model = startup.model  # none listed while it is being prepared
+        return {"object": "list",
+                "data": [{"id": model.name, "object": "model", "owned_by": "local"}] if model else []}
 
     @router.post("/v1/chat/completions", dependencies=protected)
     async def chat_completions(request: Request):
@@ -164,9 +174,9 @@ def build_router(dispatcher: Dispatcher, model: ResolvedModel, defaults: Samplin
             raise HTTPException(STATUS_FOR[first.code], first.message)
         if req.stream:
             return StreamingResponse(
-                sse(completion_id, model.name, first, events), media_type="text/event-stream"
+                sse(completion_id, model_name(), first, events), media_type="text/event-stream"
             )
-        return await complete(completion_id, model.name, first, events)
+        return await complete(completion_id, model_name(), first, events)
 
     return router
 

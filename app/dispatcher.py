@@ -12,6 +12,11 @@ is held from ``Generate`` until that request's ``Done``/``Failed`` arrives, also
 Stop: the lease follows what the worker is actually doing. A worker that dies fails its
 requests with a clear message and is respawned with backoff.
 
+The dispatcher exists before its model does: the server builds it from the core layout
+alone (so the page and /health list the planned workers as "starting" at once), prepares
+the model in the background, then calls ``start(ModelSource(...))``; a preparation that
+fails calls ``fail_start``, which answers every waiting and later request with the reason.
+
 Observers (e.g. the Prometheus metrics) are called on the loop thread with the one final
 event of every request: its ``Done`` or ``Failed`` (also the ``Done`` that confirms a Stop,
 which arrives after the client has gone), or the ``QueueFull`` that turned it away.
@@ -103,7 +108,8 @@ class Progress:
 class WorkerHandle:
     """The dispatcher's view of one worker process."""
 
-    spec: WorkerSpec
+    layout: WorkerLayout
+    spec: WorkerSpec | None = None  # known once the model is (start)
     process: object = None
     conn: object = None
     state: WorkerState = WorkerState.STARTING
@@ -119,7 +125,7 @@ class WorkerHandle:
 
     @property
     def id(self) -> int:
-        return self.spec.layout.worker_id
+        return self.layout.worker_id
 
     @property
     def pid(self) -> int | None:
@@ -144,8 +150,8 @@ class WorkerHandle:
         return {
             "id": self.id,
             "pid": self.pid,
-            "cores": list(self.ready.cores if self.ready else self.spec.layout.cpus),
-            "threads": self.ready.threads if self.ready else self.spec.layout.threads,
+            "cores": list(self.ready.cores if self.ready else self.layout.cpus),
+            "threads": self.ready.threads if self.ready else self.layout.threads,
             "state": self.state.value,
             "active": len(self.active),
             "slots": self.slots,
@@ -175,13 +181,20 @@ def respawn_delay(crashes_in_a_row: int) -> float:
     return min(RESPAWN_MAX_DELAY_S, RESPAWN_BASE_DELAY_S * 2 ** max(0, crashes_in_a_row - 1))
 
 
+@dataclass(frozen=True)
+class ModelSource:
+    """What every worker loads; may be known only after a download or conversion."""
+
+    path: str  # a local Hugging Face-format directory
+    name: str
+    weights: str | None = None  # prepared lean-decoder weights, shared by every worker; None: transformers
+
+
 @dataclass
 class DispatcherConfig:
     layouts: list[WorkerLayout]
-    model_path: str
-    model_name: str
     dtype: str
-    weights: str | None = None  # prepared lean-decoder weights, shared by every worker
+    source: ModelSource | None = None  # None: given to ``start`` once the model is ready
     max_batch: int = 4  # requests each worker decodes together
     max_queue: int = 64
     engine: dict = field(default_factory=dict)
@@ -193,12 +206,8 @@ class Dispatcher:
         self.config = config
         self.observers: list[Observer] = list(observers)
         self._ctx = multiprocess.get_context("spawn")
-        self.workers = [
-            WorkerHandle(WorkerSpec(layout, config.model_path, config.model_name, config.dtype,
-                                    weights=config.weights, log_level=config.log_level, engine=config.engine),
-                         slots=config.max_batch)
-            for layout in config.layouts
-        ]
+        self.workers = [WorkerHandle(layout, slots=config.max_batch) for layout in config.layouts]
+        self.start_error: str | None = None  # why the workers could not be started
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiters: deque[Waiter] = deque()
         self._channels: dict[str, asyncio.Queue] = {}
@@ -208,11 +217,32 @@ class Dispatcher:
 
     # lifecycle ------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Spawn every worker; call from the event loop that will serve requests."""
+    def attach(self) -> None:
+        """Bind to the serving event loop before the model is known (requests can then queue)."""
         self._loop = asyncio.get_running_loop()
+
+    def start(self, source: ModelSource | None = None) -> None:
+        """Spawn every worker on ``source`` (default: the config's); call on the serving loop."""
+        source = source or self.config.source
+        if source is None:
+            raise ValueError("Dispatcher.start needs a ModelSource (none in the config)")
+        self._loop = asyncio.get_running_loop()
+        if self._stopping:  # the server shut down while the model was being prepared
+            return
         for worker in self.workers:
+            worker.spec = WorkerSpec(worker.layout, source.path, source.name, self.config.dtype,
+                                     weights=source.weights, log_level=self.config.log_level,
+                                     engine=self.config.engine)
             self._spawn(worker)
+
+    def fail_start(self, message: str) -> None:
+        """The model could not be prepared: fail every waiting request, and every later one,
+        with ``message`` instead of letting them wait for workers that will never come."""
+        self.start_error = message
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.future.done():
+                waiter.future.set_result(None)
 
     def _spawn(self, worker: WorkerHandle) -> None:
         parent, child = self._ctx.Pipe(duplex=True)
@@ -232,7 +262,8 @@ class Dispatcher:
         """Ask every worker to exit, then make sure each one has (by pid, never by name)."""
         self._stopping = True
         for worker in self.workers:
-            worker.send(Shutdown())
+            if worker.conn is not None:  # None: never spawned (the model was still being prepared)
+                worker.send(Shutdown())
         deadline = time.monotonic() + SHUTDOWN_GRACE_S
         for worker in self.workers:
             if worker.process is None:
@@ -364,8 +395,8 @@ class Dispatcher:
                 except TimeoutError:
                     pass
         except BaseException:
-            if waiter.future.done() and not waiter.future.cancelled():  # leased to us just as we gave up
-                self._release_unused(waiter.future.result(), request_id)
+            if waiter.future.done() and not waiter.future.cancelled() and waiter.future.result():
+                self._release_unused(waiter.future.result(), request_id)  # leased to us just as we gave up
             waiter.future.cancel()
             if waiter in self._waiters:
                 self._waiters.remove(waiter)
@@ -396,15 +427,22 @@ class Dispatcher:
         """
         request_id = uuid.uuid4().hex
         worker = None
-        acquire = self._acquire(request_id, session_id)
-        try:
-            async for event in acquire:
-                if isinstance(event, Queued):
-                    yield event
-                else:
-                    worker = event
-        finally:  # a client that leaves while queued gives up its place at once
-            await acquire.aclose()
+        if self.start_error is None:
+            acquire = self._acquire(request_id, session_id)
+            try:
+                async for event in acquire:
+                    if isinstance(event, Queued):
+                        yield event
+                    else:
+                        worker = event
+            finally:  # a client that leaves while queued gives up its place at once
+                await acquire.aclose()
+        if worker is None:  # fail_start ran before or while this request waited
+            failed = Failed(request_id, f"The server could not start its workers: {self.start_error}",
+                            ErrorCode.UNAVAILABLE)
+            self._notify(failed)
+            yield failed
+            return
         channel: asyncio.Queue = asyncio.Queue()
         self._channels[request_id] = channel
         if session_id:

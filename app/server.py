@@ -1,16 +1,23 @@
-"""Assemble and run the app: resolve the model, plan the cores, start workers, serve HTTP.
+"""Assemble and run the app: plan the cores, listen, prepare the model, start workers.
 
 One process, one event loop: uvicorn serves FastAPI, which carries the API routes and the
-Gradio page mounted at ``/``. The dispatcher starts with the app (workers load in the
-background while the page already answers, showing "0/2 workers ready") and stops with it,
-so SIGINT/SIGTERM to this process ends every worker.
+Gradio page mounted at ``/``. Mistakes a user can fix at once (a ``--model`` path that does
+not exist, a core layout that does not fit, a bad ``--auth``) are checked before the server
+listens, and end the process with exit code 2. The slow part — finding, downloading or
+converting the model and preparing its weights file — runs in a background thread after the
+server listens, so the page answers at once and says what is happening ("Preparing the
+model: converting … GGUF to safetensors"), then shows the workers loading ("0/2 workers
+ready"). The dispatcher stops with the app, so SIGINT/SIGTERM to this process ends every
+worker.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import secrets
+import threading
 from pathlib import Path
 
 import gradio as gr
@@ -18,14 +25,22 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 
+from app import startup as stages
 from app.api import build_router, validation_error
 from app.auth import AuthError, Credentials, parse_auth
 from app.config import AppConfig
-from app.dispatcher import Dispatcher, DispatcherConfig
+from app.dispatcher import Dispatcher, DispatcherConfig, ModelSource
 from app.metrics import AppMetrics, build_metrics_router
+from app.startup import Startup
 from app.ui import build_ui
 from workers.cores import LayoutError, auto_workers, physical_cores, plan_layout
-from workers.loader import ModelNotFound, ResolvedModel, resolve_dtype, resolve_model
+from workers.loader import (
+    ModelNotFound,
+    ResolvedModel,
+    check_spec,
+    resolve_dtype,
+    resolve_model,
+)
 from workers.model import UnsupportedModel
 from workers.weights import prepare
 
@@ -46,18 +61,15 @@ def prepare_weights(config: AppConfig, model: ResolvedModel, dtype: str) -> str 
         return None
 
 
-def build_dispatcher(config: AppConfig, model: ResolvedModel) -> Dispatcher:
+def build_dispatcher(config: AppConfig) -> Dispatcher:
+    """The dispatcher with its planned workers, before the model is known (see ``prepare_model``)."""
     cores = physical_cores()
     workers = auto_workers(len(cores)) if config.workers == "auto" else config.workers
     threads = None if config.threads_per_worker == "auto" else config.threads_per_worker
     layouts = plan_layout(cores, workers, threads, allow_oversubscribe=config.oversubscribe)
-    dtype = resolve_dtype(config.dtype)
     return Dispatcher(DispatcherConfig(
         layouts=layouts,
-        model_path=model.path,
-        model_name=model.name,
-        dtype=dtype,
-        weights=prepare_weights(config, model, dtype),
+        dtype=resolve_dtype(config.dtype),
         max_batch=config.max_batch,
         max_queue=config.max_queue,
         engine={"max_context_tokens": config.max_context_tokens},
@@ -65,11 +77,65 @@ def build_dispatcher(config: AppConfig, model: ResolvedModel) -> Dispatcher:
     ))
 
 
-def build_app(config: AppConfig, dispatcher: Dispatcher, model: ResolvedModel,
-              auth: Credentials | None = None) -> FastAPI:
+def prepare_model(config: AppConfig, dtype: str, startup: Startup) -> ModelSource:
+    """The slow part of start-up, run in a background thread: resolve (maybe download or
+    convert) the model, then prepare its weights file, telling ``startup`` each stage."""
+    startup.step(f"finding {config.model}", stages.RESOLVING)
+    model = resolve_model(config.model, Path(config.cache_dir).expanduser(), config.hub_timeout_s,
+                          report=lambda what: startup.step(what, stages.FETCHING))
+    startup.model = model
+    log.info("Model: %s — %s", model.name, model.reason)
+    if config.engine != "hf":
+        startup.step(f"preparing the weights of {model.name} for the lean decoder", stages.PREPARING)
+    weights = prepare_weights(config, model, dtype)
+    startup.step("starting the workers", stages.STARTING)
+    return ModelSource(model.path, model.name, weights)
+
+
+def start_in_background(config: AppConfig, dispatcher: Dispatcher, startup: Startup) -> None:
+    """Prepare the model in a daemon thread, then start the workers on the event loop.
+
+    A failure here is logged, shown on the page and in /health (``startup_error``), and every
+    request is answered with it — the server keeps running rather than exiting: whoever opened
+    the page sees why nothing will answer (with "connection refused" they would see nothing),
+    and a supervisor reads the same from /health. A daemon thread, not ``asyncio.to_thread``:
+    Ctrl+C during a long download must not wait for the download to finish.
+    """
+    loop = asyncio.get_running_loop()
+    dispatcher.attach()
+
+    def started(source: ModelSource) -> None:
+        dispatcher.start(source)
+        startup.finish(f"{len(dispatcher.workers)} worker(s) loading {source.name}")
+
+    def failed(message: str) -> None:
+        startup.fail(message)
+        dispatcher.fail_start(message)
+
+    def run() -> None:
+        try:
+            source = prepare_model(config, dispatcher.config.dtype, startup)
+        except Exception as exc:
+            log.exception("Could not prepare the model %s", config.model)
+            message = str(exc) if isinstance(exc, ModelNotFound) else f"{type(exc).__name__}: {exc}"
+            _call_soon(loop, failed, message)
+            return
+        _call_soon(loop, started, source)
+
+    threading.Thread(target=run, daemon=True, name="prepare-model").start()
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn, *args) -> None:
+    with contextlib.suppress(RuntimeError):  # the loop closed: the server stopped meanwhile
+        loop.call_soon_threadsafe(fn, *args)
+
+
+def build_app(config: AppConfig, dispatcher: Dispatcher, auth: Credentials | None = None) -> FastAPI:
+    startup = Startup()
+
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
-        dispatcher.start()
+        start_in_background(config, dispatcher, startup)
         try:
             yield
         finally:
@@ -77,9 +143,9 @@ def build_app(config: AppConfig, dispatcher: Dispatcher, model: ResolvedModel,
 
     app = FastAPI(title="CPU Chat", lifespan=lifespan)
     app.add_exception_handler(RequestValidationError, validation_error)
-    app.include_router(build_router(dispatcher, model, config.sampling, auth))
+    app.include_router(build_router(dispatcher, startup, config.sampling, auth))
     app.include_router(build_metrics_router(AppMetrics.create(dispatcher)))
-    demo = build_ui(dispatcher, model, config.system_prompt, config.sampling)
+    demo = build_ui(dispatcher, startup, config.system_prompt, config.sampling)
     return gr.mount_gradio_app(app, demo, path="/", auth=auth or None)
 
 
@@ -89,7 +155,7 @@ def open_share_link(host: str, port: int) -> str | None:
 
     try:
         return setup_tunnel(host, port, secrets.token_urlsafe(32), None, None)
-    except Exception as exc:  # noqa: BLE001 - no network, blocked port, missing frpc binary
+    except Exception as exc:
         log.warning("Could not create a share link (%s: %s); the app is still served locally.",
                     type(exc).__name__, exc)
         return None
@@ -98,21 +164,20 @@ def open_share_link(host: str, port: int) -> str | None:
 def serve(config: AppConfig) -> int:
     try:
         auth = parse_auth(config.auth) if config.auth else None
-        model = resolve_model(config.model, Path(config.cache_dir).expanduser(), config.hub_timeout_s)
-        dispatcher = build_dispatcher(config, model)
+        check_spec(config.model)
+        dispatcher = build_dispatcher(config)
     except (AuthError, ModelNotFound, LayoutError) as exc:
         log.error("%s", exc)
         return 2
     if (config.share or config.host not in ("127.0.0.1", "localhost", "::1")) and not auth:
         log.warning("The app is reachable from other machines (%s) without --auth: anyone with "
                     "the address can use it.", "share link" if config.share else f"host {config.host}")
-    log.info("Model: %s — %s", model.name, model.reason)
-    app = build_app(config, dispatcher, model, auth)
+    app = build_app(config, dispatcher, auth)
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port,
                                            log_level=config.log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
     if config.share:
         _share_when_started(server, config)
-    log.info("Open http://%s:%d in your browser", config.host, config.port)
+    log.info("Open http://%s:%d in your browser (it shows the start-up progress)", config.host, config.port)
     try:
         server.run()
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl+C after its clean shutdown

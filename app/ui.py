@@ -4,6 +4,10 @@ The chat function yields the cumulative reply (Gradio's streaming contract); lea
 early — Stop, a closed tab — closes the dispatcher stream, which cancels the request on
 its worker. Each finished reply ends with a one-line stats footer, which is stripped
 again before the history is sent back to the model.
+
+Above the chat, the banner (which model, and why) and the worker panel refresh every second:
+while the model is being prepared they say which step is running, with a stage-level
+progress bar (see ``app.startup``), or the error that stopped it.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from collections.abc import AsyncIterator
 import gradio as gr
 
 from app.dispatcher import Dispatcher, Queued, QueueFull
+from app.startup import Startup, progress_bar
 from app.validation import (
     MAX_NEW_TOKENS,
     REPETITION_PENALTY_RANGE,
@@ -25,7 +30,6 @@ from app.validation import (
     clamp_params,
     clean_text,
 )
-from workers.loader import ResolvedModel
 from workers.protocol import ChatMessage, Chunk, Done, Failed, FinishReason, Notice, SamplingParams
 
 STATS_PREFIX = "\n\n<sub>⚡ "
@@ -64,10 +68,16 @@ def stats_footer(done: Done, cores: list[int] | None) -> str:
     return STATS_PREFIX + " · ".join(parts) + "</sub>"
 
 
-def readiness(dispatcher: Dispatcher) -> str:
+def readiness(dispatcher: Dispatcher, startup: Startup) -> str:
     """The panel's first line: says what is still loading instead of leaving the page silent."""
     workers = dispatcher.describe()
     ready, total = dispatcher.ready_count, len(workers)
+    state = startup.snapshot()
+    if state.error:
+        return f"✖ **0/{total} workers ready** — start-up failed: {state.error}"
+    if not state.done:
+        bar = f" `{progress_bar(state.fraction)}`" if state.fraction is not None else ""
+        return f"◐ **0/{total} workers ready** — preparing the model: {state.stage} …{bar}"
     if ready == total:
         return f"✔ **{ready}/{total} workers ready**"
     loading = sum(w["state"] == "starting" for w in workers)
@@ -77,8 +87,8 @@ def readiness(dispatcher: Dispatcher) -> str:
     return f"◐ **{ready}/{total} workers ready** — {', '.join(what)}"
 
 
-def worker_panel(dispatcher: Dispatcher) -> str:
-    lines = [f"{readiness(dispatcher)} · {dispatcher.queue_depth} waiting", "",
+def worker_panel(dispatcher: Dispatcher, startup: Startup) -> str:
+    lines = [f"{readiness(dispatcher, startup)} · {dispatcher.queue_depth} waiting", "",
              "| worker | pid | cores | threads | state | replies now | tok/s now | last tok/s | served | restarts |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for w in dispatcher.describe():
@@ -99,13 +109,18 @@ def waiting_text(dispatcher: Dispatcher, position: int) -> str:
     return f"◐ All workers are busy — you are number {position} in line."
 
 
-def model_banner(model: ResolvedModel) -> str:
+def model_banner(startup: Startup) -> str:
+    model, state = startup.model, startup.snapshot()
+    if model is None:
+        if state.error:
+            return f"### ⚠️ The model could not be prepared\n{state.error}"
+        return f"### Preparing the model …\n{state.stage[:1].upper()}{state.stage[1:]}."
     if model.is_fallback:
         return f"### ⚠️ Serving **{model.name}**\n{model.reason}."
     return f"### Serving **{model.name}**\n{model.reason}."
 
 
-def build_ui(dispatcher: Dispatcher, model: ResolvedModel, system_prompt: str,
+def build_ui(dispatcher: Dispatcher, startup: Startup, system_prompt: str,
              defaults: SamplingParams) -> gr.Blocks:
     async def respond(message: str, history: list[dict], system: str, temperature: float, top_p: float,
                       top_k: int, repetition_penalty: float, max_new_tokens: int,
@@ -136,9 +151,16 @@ def build_ui(dispatcher: Dispatcher, model: ResolvedModel, system_prompt: str,
             raise gr.Error(str(exc)) from exc
 
     with gr.Blocks(title="CPU Chat", analytics_enabled=False) as demo:
-        gr.Markdown(model_banner(model))
-        # A function, not a value: computed when each page loads, then every second.
-        gr.Markdown(lambda: worker_panel(dispatcher), every=1.0, elem_id="worker-panel")
+        # Functions, not values: computed when each page loads, then every second (the
+        # model may still be resolving when the page opens).
+        def banner() -> str:  # also the API endpoint /banner: what the top of the page says
+            return model_banner(startup)
+
+        def panel() -> str:
+            return worker_panel(dispatcher, startup)
+
+        gr.Markdown(banner, every=1.0, elem_id="model-banner")
+        gr.Markdown(panel, every=1.0, elem_id="worker-panel")
         # Unrendered here, so ChatInterface renders them in its accordion. (Created inside an
         # unrendered Accordion they count as rendered, never appear, and the page sends None.)
         inputs = [

@@ -6,7 +6,7 @@ import asyncio
 import os
 import threading
 
-from app.dispatcher import Dispatcher, DispatcherConfig
+from app.dispatcher import Dispatcher, DispatcherConfig, ModelSource
 from workers.cores import plan_layout
 from workers.protocol import ChatMessage, Chunk, Done, Failed, SamplingParams
 
@@ -25,7 +25,7 @@ class Pool:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.dispatcher = Dispatcher(DispatcherConfig(
-            two_single_core_layouts(), model_path, model_name, "bfloat16", weights=weights, max_batch=max_batch,
+            two_single_core_layouts(), "bfloat16", ModelSource(model_path, model_name, weights), max_batch=max_batch,
             max_queue=max_queue))
         self.run(self._start(wait_ready), timeout=240)
 

