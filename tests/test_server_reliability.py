@@ -226,6 +226,7 @@ def test_full_queue_answers_503_busy(private_app):
 
 def test_the_log_holds_no_prompts_replies_or_passwords(private_app):
     secret_prompt = "My bank PIN is 48213, what is the capital of France?"
+    wait_all_idle(private_app, timeout_s=5)  # the one slot may still be finishing a cancelled reply
     r = httpx.post(private_app.url + "/v1/chat/completions", auth=("alice", "s3cret"), timeout=60,
                    json={"messages": [{"role": "user", "content": secret_prompt}], "temperature": 0})
     assert r.status_code == 200
