@@ -25,6 +25,7 @@ which arrives after the client has gone), or the ``QueueFull`` that turned it aw
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import threading
@@ -253,7 +254,7 @@ class Dispatcher:
         worker.process, worker.conn = process, parent
         worker.state, worker.ready = WorkerState.STARTING, None
         worker.started_at = time.monotonic()
-        threading.Thread(target=self._read, args=(worker, parent), daemon=True,
+        threading.Thread(target=self._read, args=(worker, parent, process), daemon=True,
                          name=f"worker-{worker.id}-reader").start()
         log.info("worker %d: loading %s and warming up (pid %d, cpus %s, %d threads)", worker.id,
                  worker.spec.model_name, process.pid, worker.spec.layout.cpus, worker.spec.layout.threads)
@@ -278,15 +279,24 @@ class Dispatcher:
 
     # reader threads -> loop -----------------------------------------------------------
 
-    def _read(self, worker: WorkerHandle, conn) -> None:
-        """Runs in a thread per worker: block on the pipe, hand messages to the loop."""
+    def _read(self, worker: WorkerHandle, conn, process) -> None:
+        """Runs in a thread per worker: block on the pipe, hand messages to the loop.
+
+        At EOF the process is reaped here, off the loop, so its exit code can be reported
+        without the event loop ever waiting on a dying process."""
         while True:
             try:
                 msg = conn.recv()
             except (EOFError, OSError):
-                self._loop.call_soon_threadsafe(self._on_exit, worker, conn)
+                process.join(1.0)
+                self._post(self._on_exit, worker, conn, process.exitcode)
                 return
-            self._loop.call_soon_threadsafe(self._on_message, worker, msg)
+            self._post(self._on_message, worker, msg)
+
+    def _post(self, fn, *args) -> None:
+        """Run ``fn`` on the loop thread; after shutdown (loop closed) there is nobody to tell."""
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(fn, *args)
 
     def _on_message(self, worker: WorkerHandle, msg: FromWorker) -> None:
         if isinstance(msg, Ready):
@@ -324,12 +334,10 @@ class Dispatcher:
             except Exception:  # noqa: BLE001 - a metrics bug must not break serving
                 log.exception("observer %r failed", observer)
 
-    def _on_exit(self, worker: WorkerHandle, conn) -> None:
+    def _on_exit(self, worker: WorkerHandle, conn, code: int | None) -> None:
         if conn is not worker.conn:  # a stale reader of an already replaced process
             return
         worker.state = WorkerState.DEAD
-        worker.process.join(0.1)
-        code = worker.process.exitcode
         for request_id in sorted(worker.active):
             self._deliver(Failed(request_id, f"The worker generating this reply stopped "
                                  f"unexpectedly (exit code {code}). It is being restarted; "
