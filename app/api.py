@@ -146,6 +146,7 @@ def build_router(dispatcher: Dispatcher, startup: Startup, defaults: SamplingPar
             "model_source": model.source if model else None,
             "model_reason": model.reason if model else None,
             "startup": state.as_dict(),
+            "kernels": startup.kernels.report() if startup.kernels else None,
             "startup_error": state.error,
             "queue_depth": dispatcher.queue_depth,
             "workers": dispatcher.describe(),

@@ -28,7 +28,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--oversubscribe", action="store_true", default=None,
                    help="allow workers × threads above the physical core count")
     p.add_argument("--dtype", choices=["auto", "bfloat16", "float32"])
-    p.add_argument("--quantize", choices=["none", "int8"], help="int8: weight-only, every linear layer")
+    p.add_argument("--quantize", choices=["none", "int8"],
+                   help="int8: int8 weights allowed where measured fastest (+<=2%% perplexity); none: exact")
+    p.add_argument("--kernel", help="auto: the linear kernel measured fastest on this CPU; or force one: "
+                                    "fp32, bf16, fp16-fbgemm, int8pack-bf16, int8pack-fp32, int8-ort")
     p.add_argument("--engine", choices=["auto", "hf"],
                    help="auto: the lean decoder where the architecture allows; hf: transformers")
     p.add_argument("--host", help="address to bind (default 127.0.0.1: this machine only)")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workers.kernels import KERNELS
 from workers.protocol import SamplingParams
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.toml"
@@ -31,8 +32,9 @@ class AppConfig:
     workers: int | str = "auto"  # int, or "auto"
     threads_per_worker: int | str = "auto"
     oversubscribe: bool = False
-    dtype: str = "auto"
-    quantize: str = "int8"  # "int8" (weight-only, every linear layer) | "none"
+    dtype: str = "auto"  # the compute dtype: "auto" (the measured kernel's), "bfloat16", "float32"
+    quantize: str = "int8"  # "int8": int8 weights allowed where measured fastest | "none"
+    kernel: str = "auto"  # "auto": measured on this CPU; or a workers.kernels name to force
     engine: str = "auto"  # "auto": the lean decoder where the architecture allows, else "hf"
     host: str = "127.0.0.1"
     port: int = 7860
@@ -89,5 +91,7 @@ def validate(config: AppConfig) -> None:
         raise ConfigError(f"dtype must be auto, bfloat16 or float32, got {config.dtype!r}")
     if config.quantize not in ("none", "int8"):
         raise ConfigError(f"quantize must be none or int8, got {config.quantize!r}")
+    if config.kernel != "auto" and config.kernel not in KERNELS:
+        raise ConfigError(f"kernel must be auto or one of {', '.join(KERNELS)}, got {config.kernel!r}")
     if config.engine not in ("auto", "hf"):
         raise ConfigError(f"engine must be auto or hf, got {config.engine!r}")

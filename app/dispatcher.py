@@ -158,6 +158,8 @@ class WorkerHandle:
             "slots": self.slots,
             "served": self.served,
             "restarts": self.restarts,
+            "kernels": self.ready.kernels if self.ready else None,
+            "private_weight_mb": round(self.ready.private_weight_bytes / 2**20) if self.ready else None,
             "tokens_per_s": round(self.last_done.metrics.decode_tokens_per_s, 1) if self.last_done else 0.0,
             "current_tokens_per_s": round(sum(p.tokens_per_s(time.monotonic()) for p in self.progress.values()), 1)
             if self.progress else None,
@@ -189,12 +191,15 @@ class ModelSource:
     path: str  # a local Hugging Face-format directory
     name: str
     weights: str | None = None  # prepared lean-decoder weights, shared by every worker; None: transformers
+    dtype: str = "float32"  # the compute dtype (the chosen kernel's activations)
+    kernel: str | None = None  # the lean decoder's linear kernel (workers.kernels)
+    prefill: str | None = None  # and its prefill path
+    kernels: str = ""  # the kernel choice in words, for the log, the panel and /health
 
 
 @dataclass
 class DispatcherConfig:
     layouts: list[WorkerLayout]
-    dtype: str
     source: ModelSource | None = None  # None: given to ``start`` once the model is ready
     max_batch: int = 4  # requests each worker decodes together
     max_queue: int = 64
@@ -231,9 +236,9 @@ class Dispatcher:
         if self._stopping:  # the server shut down while the model was being prepared
             return
         for worker in self.workers:
-            worker.spec = WorkerSpec(worker.layout, source.path, source.name, self.config.dtype,
-                                     weights=source.weights, log_level=self.config.log_level,
-                                     engine=self.config.engine)
+            worker.spec = WorkerSpec(worker.layout, source.path, source.name, source.dtype,
+                                     weights=source.weights, kernel=source.kernel, prefill=source.prefill, kernels=source.kernels,
+                                     log_level=self.config.log_level, engine=self.config.engine)
             self._spawn(worker)
 
     def fail_start(self, message: str) -> None:
@@ -301,8 +306,8 @@ class Dispatcher:
     def _on_message(self, worker: WorkerHandle, msg: FromWorker) -> None:
         if isinstance(msg, Ready):
             worker.ready, worker.state = msg, WorkerState.IDLE
-            log.info("worker %d: ready in %.1f s (pid %d, cores %s, %d threads, %s) — %d/%d workers ready",
-                     worker.id, msg.load_s, msg.pid, msg.cores, msg.threads, msg.dtype,
+            log.info("worker %d: ready in %.1f s (pid %d, cores %s, %d threads, %s, %s) — %d/%d workers ready",
+                     worker.id, msg.load_s, msg.pid, msg.cores, msg.threads, msg.dtype, msg.kernels,
                      self.ready_count, len(self.workers))
             self._hand_out()
             return

@@ -33,15 +33,10 @@ from app.dispatcher import Dispatcher, DispatcherConfig, ModelSource
 from app.metrics import AppMetrics, build_metrics_router
 from app.startup import Startup
 from app.ui import build_ui
-from workers.cores import LayoutError, auto_workers, physical_cores, plan_layout
-from workers.loader import (
-    ModelNotFound,
-    ResolvedModel,
-    check_spec,
-    resolve_dtype,
-    resolve_model,
-)
-from workers.model import UnsupportedModel
+from workers.calibrate import Allowed, KernelChoice, Shapes, calibrate, choose
+from workers.cores import LayoutError, WorkerLayout, auto_workers, physical_cores, plan_layout
+from workers.loader import ModelNotFound, check_spec, resolve_model
+from workers.model import ModelArgs, UnsupportedModel
 from workers.weights import prepare
 
 log = logging.getLogger(__name__)
@@ -49,16 +44,28 @@ log = logging.getLogger(__name__)
 GRACEFUL_SHUTDOWN_S = 3  # open page connections (Gradio's event stream) are cut after this
 
 
-def prepare_weights(config: AppConfig, model: ResolvedModel, dtype: str) -> str | None:
-    """The lean decoder's weights file (written once, shared by all workers), or None for transformers."""
-    if config.engine == "hf":
-        return None
+def choose_kernels(config: AppConfig, model_path: str, layout: WorkerLayout, lean: bool,
+                   startup: Startup) -> KernelChoice:
+    """Time the candidate kernels on this CPU (once; cached) and pick what the flags allow.
+
+    Without the lean decoder (transformers), only the dense kernels are candidates: the
+    measurement then decides between fp32 and bf16 compute."""
+    from transformers import AutoConfig
+
+    startup.step("measuring which kernels are fastest on this CPU (once per CPU and model shape)",
+                 stages.MEASURING)
     try:
-        return str(prepare(model.path, dtype, config.quantize, Path(config.cache_dir).expanduser()))
-    except UnsupportedModel as exc:
-        log.warning("The lean decoder does not support this model (%s); using transformers%s.", exc,
-                    ", without int8" if config.quantize != "none" else "")
-        return None
+        shapes = Shapes.from_hf_config(AutoConfig.from_pretrained(model_path))
+    except (AttributeError, TypeError) as exc:  # a config without the usual decoder fields
+        log.warning("Cannot read the layer shapes of %s (%s); computing in float32.", model_path, exc)
+        return KernelChoice("fp32", "same", "float32", 0.0, "layer shapes unknown")
+    allowed = Allowed(int8=lean and config.quantize == "int8", dtype=config.dtype, kernel=config.kernel if lean else "auto")
+    candidates = None if lean else ("fp32", "bf16")
+    measured = calibrate(model_path, shapes, layout, config.max_batch, Path(config.cache_dir).expanduser(), candidates)
+    choice = choose(measured, allowed)
+    log.info("Kernels: %s. Measured in %.1f s on %s%s.", choice.summary(), measured.seconds, measured.machine,
+             "" if lean else " (transformers engine: dense fp32 or bf16 only)")
+    return choice
 
 
 def build_dispatcher(config: AppConfig) -> Dispatcher:
@@ -69,7 +76,6 @@ def build_dispatcher(config: AppConfig) -> Dispatcher:
     layouts = plan_layout(cores, workers, threads, allow_oversubscribe=config.oversubscribe)
     return Dispatcher(DispatcherConfig(
         layouts=layouts,
-        dtype=resolve_dtype(config.dtype),
         max_batch=config.max_batch,
         max_queue=config.max_queue,
         engine={"max_context_tokens": config.max_context_tokens},
@@ -77,19 +83,37 @@ def build_dispatcher(config: AppConfig) -> Dispatcher:
     ))
 
 
-def prepare_model(config: AppConfig, dtype: str, startup: Startup) -> ModelSource:
+def prepare_model(config: AppConfig, layout: WorkerLayout, startup: Startup) -> ModelSource:
     """The slow part of start-up, run in a background thread: resolve (maybe download or
-    convert) the model, then prepare its weights file, telling ``startup`` each stage."""
+    convert) the model, measure the kernels, then prepare the weights file for the chosen
+    one, telling ``startup`` each stage."""
     startup.step(f"finding {config.model}", stages.RESOLVING)
     model = resolve_model(config.model, Path(config.cache_dir).expanduser(), config.hub_timeout_s,
                           report=lambda what: startup.step(what, stages.FETCHING))
     startup.model = model
     log.info("Model: %s — %s", model.name, model.reason)
-    if config.engine != "hf":
-        startup.step(f"preparing the weights of {model.name} for the lean decoder", stages.PREPARING)
-    weights = prepare_weights(config, model, dtype)
+    lean = config.engine != "hf" and lean_supported(model.path)
+    choice = choose_kernels(config, model.path, layout, lean, startup)
+    startup.kernels = choice
+    if not lean:
+        return ModelSource(model.path, model.name, dtype=choice.dtype, kernels=f"transformers, {choice.dtype}")
+    startup.step(f"preparing the weights of {model.name} for {choice.decode}", stages.PREPARING)
+    weights = prepare(model.path, choice.decode, Path(config.cache_dir).expanduser())
     startup.step("starting the workers", stages.STARTING)
-    return ModelSource(model.path, model.name, weights)
+    return ModelSource(model.path, model.name, str(weights), choice.dtype, choice.decode, choice.prefill,
+                       choice.summary())
+
+
+def lean_supported(model_path: str) -> bool:
+    """Whether the lean decoder implements this architecture; else transformers serves it (slower)."""
+    from transformers import AutoConfig
+
+    try:
+        ModelArgs.from_hf_config(AutoConfig.from_pretrained(model_path))
+    except UnsupportedModel as exc:
+        log.warning("The lean decoder does not support this model (%s); using transformers, without int8.", exc)
+        return False
+    return True
 
 
 def start_in_background(config: AppConfig, dispatcher: Dispatcher, startup: Startup) -> None:
@@ -114,7 +138,7 @@ def start_in_background(config: AppConfig, dispatcher: Dispatcher, startup: Star
 
     def run() -> None:
         try:
-            source = prepare_model(config, dispatcher.config.dtype, startup)
+            source = prepare_model(config, dispatcher.config.layouts[0], startup)
         except Exception as exc:
             log.exception("Could not prepare the model %s", config.model)
             message = str(exc) if isinstance(exc, ModelNotFound) else f"{type(exc).__name__}: {exc}"

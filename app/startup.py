@@ -7,7 +7,7 @@ That thread writes a ``Startup`` and the event loop reads ``snapshot()`` of it; 
 stage, fraction and error consistent with each other across the two threads.
 
 The fraction is stage-level, not per byte: resolving the model 0.05, downloading or
-converting 0.1, preparing weights 0.7, starting workers 0.9, done 1.0. The download and the
+converting 0.1, measuring kernels 0.4, preparing weights 0.7, starting workers 0.9, done 1.0. The download and the
 GGUF conversion print their own tqdm bars to the log; reading those back from stderr would
 tie the page to library output formats, and the stage text already says which slow step is
 running.
@@ -18,10 +18,12 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+from workers.calibrate import KernelChoice
 from workers.loader import ResolvedModel
 
 RESOLVING = 0.05
 FETCHING = 0.1  # downloading or converting
+MEASURING = 0.4  # timing the kernels (once per CPU and model shape)
 PREPARING = 0.7
 STARTING = 0.9
 
@@ -42,6 +44,7 @@ class Startup:
     """Written by the preparing thread, read by the page and /health (through ``snapshot``)."""
 
     model: ResolvedModel | None = None  # set once resolved (one reference assignment: no lock needed)
+    kernels: KernelChoice | None = None  # set once measured (likewise)
     _state: StartupState = field(default_factory=lambda: StartupState("Starting", 0.0))
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

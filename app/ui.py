@@ -88,7 +88,12 @@ def readiness(dispatcher: Dispatcher, startup: Startup) -> str:
 
 
 def worker_panel(dispatcher: Dispatcher, startup: Startup) -> str:
-    lines = [f"{readiness(dispatcher, startup)} · {dispatcher.queue_depth} waiting", "",
+    lines = [f"{readiness(dispatcher, startup)} · {dispatcher.queue_depth} waiting", ""]
+    if startup.kernels:
+        private = max((w["private_weight_mb"] or 0 for w in dispatcher.describe()), default=0)
+        lines += [f"Kernels: {startup.kernels.summary()}" + (f" · {private} MB of packed weights per worker"
+                                                             if private else ""), ""]
+    lines += [
              "| worker | pid | cores | threads | state | replies now | tok/s now | last tok/s | served | restarts |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for w in dispatcher.describe():

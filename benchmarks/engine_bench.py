@@ -1,7 +1,10 @@
 """One engine configuration, measured in a process of its own (threads are set before torch loads).
 
-    python -m benchmarks.engine_bench '{"engine": "lean", "model": DIR, "dtype": "bfloat16",
-                                        "quantize": "int8", "threads": 2, "repeats": 3}'
+    python -m benchmarks.engine_bench '{"engine": "lean", "model": DIR, "kernel": "auto",
+                                        "threads": 2, "repeats": 3}'
+
+``kernel`` is a ``workers.kernels`` name (with an optional "prefill" path), or "auto": the
+app's own choice, measured by ``workers.calibrate`` exactly as the server does at start-up.
 
 prints one JSON line: prefill ms for 64- and 512-token prompts, decode tok/s for 64 forced
 new tokens at batch 1, and (lean only) the TTFT of each turn of a 5-turn conversation
@@ -14,6 +17,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 PREFILL_LENGTHS = (64, 512)
 DECODE_TOKENS = 64
@@ -25,6 +29,8 @@ TURN_REPLY_TOKENS = 60
 def main(spec: dict) -> dict:
     if spec.get("threads"):
         os.environ["OMP_NUM_THREADS"] = str(spec["threads"])
+    if spec["engine"] == "lean":
+        spec = {**spec, **resolve_kernel(spec)}  # before torch loads: the kernel may set OpenMP's env
     import torch
 
     if spec.get("threads"):
@@ -39,6 +45,7 @@ def main(spec: dict) -> dict:
         result["prefill_ms"][str(length)] = [runner.prefill(ids) * 1000 for _ in range(spec["repeats"])]
     result["decode_tok_s"] = [DECODE_TOKENS / runner.decode(DECODE_TOKENS) for _ in range(spec["repeats"])]
     if isinstance(runner, Lean):
+        result["kernel"] = runner.kernel
         result["turn_ttft_ms"] = {
             "with_cache": [runner.conversation(reuse=True) for _ in range(spec["repeats"])],
             "without_cache": [runner.conversation(reuse=False) for _ in range(spec["repeats"])],
@@ -46,6 +53,27 @@ def main(spec: dict) -> dict:
         result["weight_bytes_per_token"] = runner.decoder.weight_bytes_per_token
         result["matmul_floor_ms"] = [runner.matmul_floor() * 1000 for _ in range(spec["repeats"])]
     return result
+
+
+def resolve_kernel(spec: dict) -> dict:
+    """``{"kernel", "prefill"}``: as given, or for "auto" the app's own measured choice."""
+    from workers.kernels import set_thread_env
+
+    kernel, prefill = spec.get("kernel", "auto"), spec.get("prefill")
+    if kernel == "auto":
+        from transformers import AutoConfig
+
+        from workers.calibrate import Allowed, Shapes, calibrate, choose
+        from workers.cores import WorkerLayout
+
+        threads = spec.get("threads") or len(os.sched_getaffinity(0))
+        layout = WorkerLayout(0, tuple(sorted(os.sched_getaffinity(0))), threads)
+        measured = calibrate(spec["model"], Shapes.from_hf_config(AutoConfig.from_pretrained(spec["model"])),
+                             layout, spec.get("max_batch", 4), Path(spec["cache_dir"]))
+        choice = choose(measured, Allowed())
+        kernel, prefill = choice.decode, choice.prefill
+    set_thread_env(kernel)
+    return {"kernel": kernel, "prefill": prefill}
 
 
 class HFGenerate:
@@ -78,15 +106,15 @@ class Lean:
 
     def __init__(self, spec: dict) -> None:
         import torch
-        from pathlib import Path
 
         from workers.loader import load
         from workers.weights import prepare
 
         self.torch = torch
-        weights = prepare(spec["model"], spec["dtype"], spec["quantize"], Path(spec["cache_dir"]))
-        loaded = load(spec["model"], spec["dtype"], str(weights))
+        weights = prepare(spec["model"], spec["kernel"], Path(spec["cache_dir"]))
+        loaded = load(spec["model"], weights=str(weights), prefill=spec["prefill"], threads=torch.get_num_threads())
         self.decoder, self.tokenizer = loaded.decoder, loaded.tokenizer
+        self.kernel = {"decode": spec["kernel"], "prefill": self.decoder.prefill_path}
 
     def prefill(self, ids) -> float:
         cache = self.decoder.new_cache()
@@ -106,8 +134,8 @@ class Lean:
         """Seconds for just the matmuls of one decode step: what the step would cost with zero
         overhead, so (step time - this) is the per-token overhead left to remove."""
         torch, d = self.torch, self.decoder
-        linears = [d.lm_head] + [l for layer in d.layers for l in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-        inputs = [torch.randn(1, l.weight.shape[1], dtype=d.dtype) for l in linears]
+        linears = d.linears
+        inputs = [torch.randn(1, l.in_features, dtype=d.dtype) for l in linears]
         for lin, x in zip(linears, inputs, strict=True):
             lin(x)
         started = time.perf_counter()

@@ -39,6 +39,31 @@ def bundled_tokenizer(bundled_model):
 
 
 @pytest.fixture(scope="session")
+def serving_kernel(bundled_model, cache_dir):
+    """The kernel the app picks for the bundled model on this machine (measured once, cached),
+    for a one-thread worker: what the pool tests' workers run."""
+    from transformers import AutoConfig
+
+    from workers.calibrate import Allowed, Shapes, calibrate, choose
+    from workers.cores import WorkerLayout
+
+    shapes = Shapes.from_hf_config(AutoConfig.from_pretrained(bundled_model.path))
+    layout = WorkerLayout(0, (min(os.sched_getaffinity(0)),), 1)
+    return choose(calibrate(bundled_model.path, shapes, layout, 4, cache_dir), Allowed())
+
+
+@pytest.fixture(scope="session")
+def bundled_source(bundled_model, serving_kernel, cache_dir):
+    """What the app's workers load for the bundled model: its weights packed for the measured kernel."""
+    from app.dispatcher import ModelSource
+    from workers.weights import prepare
+
+    k = serving_kernel
+    weights = prepare(bundled_model.path, k.decode, cache_dir)
+    return ModelSource(bundled_model.path, bundled_model.name, str(weights), k.dtype, k.decode, k.prefill, k.summary())
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen(tmp_path_factory, bundled_tokenizer) -> Path:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM

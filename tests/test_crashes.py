@@ -9,9 +9,8 @@ import time
 
 import pytest
 
-from app.dispatcher import QueueFull, Queued, WorkerState, respawn_delay
+from app.dispatcher import ModelSource, QueueFull, Queued, WorkerState, respawn_delay
 from tests.pool import Pool, ask
-from workers.weights import prepare
 from workers.protocol import ChatMessage, Chunk, Done, ErrorCode, Failed, SamplingParams
 
 LONG = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=300)
@@ -19,9 +18,8 @@ SHORT = SamplingParams(temperature=0.0, max_new_tokens=24)
 
 
 @pytest.fixture()
-def pool(bundled_model, cache_dir):
-    pool = Pool(bundled_model.path, bundled_model.name, max_queue=1, max_batch=1,
-                weights=str(prepare(bundled_model.path, "bfloat16", "int8", cache_dir)))
+def pool(bundled_source):
+    pool = Pool(bundled_source, max_queue=1, max_batch=1)
     yield pool
     pool.close()
 
@@ -102,7 +100,7 @@ def test_a_worker_that_cannot_load_backs_off_instead_of_spinning(tmp_path):
     broken = tmp_path / "broken-model"
     broken.mkdir()
     (broken / "config.json").write_text("{not json")
-    pool = Pool(str(broken), wait_ready=False)
+    pool = Pool(ModelSource(str(broken), "broken"), wait_ready=False)
     try:
         time.sleep(12)
         workers = pool.dispatcher.workers

@@ -18,21 +18,23 @@ def run(engine, ids, params=GREEDY, session=None):
     return "".join(s.text for s in steps[:-1]) + finished.tail_text, finished
 
 
-def make_engine(path: str, dtype: str, decoder: str, cache_dir, **config) -> Engine:
-    """decoder: "lean" (workers.model, mmapped prepared weights), "int8" (lean, quantized) or "hf"."""
-    weights = None if decoder == "hf" else str(prepare(path, dtype, "int8" if decoder == "int8" else "none", cache_dir))
-    loaded = load(path, dtype, weights)
+def make_engine(path: str, kernel: str, cache_dir, prefill: str | None = None, **config) -> Engine:
+    """kernel: a workers.kernels name (the lean decoder on mmapped prepared weights), or "hf"
+    (transformers, float32)."""
+    weights = None if kernel == "hf" else str(prepare(path, kernel, cache_dir))
+    loaded = load(path, "float32", weights, prefill)
     return Engine(loaded.decoder, loaded.tokenizer, loaded.stop_ids, EngineConfig(**config))
 
 
-@pytest.fixture(scope="module", params=["lean", "hf"])
+@pytest.fixture(scope="module", params=["fp32", "hf"])
 def tiny_engine(request, tiny_qwen, tmp_path_factory):
-    return make_engine(str(tiny_qwen), "float32", request.param, tmp_path_factory.mktemp("w"), max_context_tokens=256)
+    return make_engine(str(tiny_qwen), request.param, tmp_path_factory.mktemp("w"), max_context_tokens=256)
 
 
 @pytest.fixture(scope="module")
-def smol_engine(bundled_model, cache_dir):
-    return make_engine(bundled_model.path, "bfloat16", "lean", cache_dir)
+def smol_engine(bundled_model, serving_kernel, cache_dir):
+    """The bundled model on the kernel the app measured fastest here."""
+    return make_engine(bundled_model.path, serving_kernel.decode, cache_dir, serving_kernel.prefill)
 
 
 def test_greedy_is_deterministic_and_respects_the_budget(tiny_engine):
@@ -116,19 +118,13 @@ def test_closing_the_generator_stops_generation(smol_engine):
         next(steps)
 
 
-@pytest.fixture(scope="module")
-def smol_int8_engine(bundled_model, cache_dir):
-    return make_engine(bundled_model.path, "bfloat16", "int8", cache_dir)
+def test_batched_decode_gives_each_sequence_its_own_answer(smol_engine):
+    """Three prompts stepped together produce what each produces alone (greedy).
 
-
-def test_batched_decode_gives_each_sequence_its_own_answer(smol_int8_engine):
-    """Three prompts stepped together produce exactly what each produces alone.
-
-    Exact with int8 (the default): its kernel computes every row the same way whatever the
-    batch size. A bf16 GEMM may sum in another order at M>1, so with --quantize none a
-    greedy near-tie can rarely resolve differently in a batch.
+    The int8 kernels compute every row the same way whatever the batch size; a dense GEMM
+    may sum in another order at M>1, so a greedy near-tie could in principle resolve
+    differently in a batch (not seen with these prompts).
     """
-    smol_engine = smol_int8_engine
     params = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=24)
     prompts = [smol_engine.prompt([ChatMessage("user", q)], 24).ids for q in
                ("What is the capital of France?", "Name three colours.", "用中文说你好。")]

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from workers.engine import Engine
-from workers.loader import ModelNotFound, convert_gguf, bundled_gguf, load, resolve_dtype, resolve_model
+from workers.loader import ModelNotFound, convert_gguf, bundled_gguf, load, resolve_model
 from workers.protocol import ChatMessage, SamplingParams
 
 
@@ -49,11 +49,3 @@ def test_bad_model_specs_say_what_is_wrong(spec, message, cache_dir):
 def test_directory_without_config_is_refused(tmp_path, cache_dir):
     with pytest.raises(ModelNotFound, match="no config.json"):
         resolve_model(str(tmp_path), cache_dir)
-
-
-def test_dtype_auto_picks_by_cpu(monkeypatch):
-    monkeypatch.setattr("workers.loader.cpu_has_bf16", lambda: True)
-    assert resolve_dtype("auto") == "bfloat16"
-    monkeypatch.setattr("workers.loader.cpu_has_bf16", lambda: False)
-    assert resolve_dtype("auto") == "float32"
-    assert resolve_dtype("float32") == "float32"

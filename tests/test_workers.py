@@ -9,7 +9,6 @@ import time
 import pytest
 
 from tests.pool import Pool, ask
-from workers.weights import prepare
 from workers.protocol import ChatMessage, Chunk, Done, FinishReason, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=48)
@@ -17,8 +16,8 @@ LONG = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=40
 
 
 @pytest.fixture(scope="module")
-def pool(bundled_model, cache_dir):
-    pool = Pool(bundled_model.path, bundled_model.name, weights=str(prepare(bundled_model.path, "bfloat16", "int8", cache_dir)))
+def pool(bundled_source):
+    pool = Pool(bundled_source)
     yield pool.dispatcher, pool.run
     pool.close()
 

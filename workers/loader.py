@@ -172,24 +172,6 @@ def convert_gguf(gguf: Path, cache_dir: Path, report: Report = _quiet) -> Path:
     return out
 
 
-def cpu_has_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
-    """bf16 pays only with native support (AVX512-BF16 or AMX); emulated bf16 is slower than fp32."""
-    try:
-        flags = set(cpuinfo.read_text().split())
-    except OSError:
-        return False
-    return bool(flags & {"avx512_bf16", "amx_bf16"})
-
-
-def resolve_dtype(dtype: str) -> str:
-    """``auto`` → ``bfloat16`` where the CPU has it natively, else ``float32``."""
-    if dtype == "auto":
-        return "bfloat16" if cpu_has_bf16() else "float32"
-    if dtype not in ("bfloat16", "float32"):
-        raise ValueError(f"--dtype must be auto, bfloat16 or float32, got {dtype!r}")
-    return dtype
-
-
 @dataclass
 class Loaded:
     tokenizer: object
@@ -197,11 +179,13 @@ class Loaded:
     stop_ids: set[int]
 
 
-def load(path: str, dtype: str, weights: str | None = None) -> Loaded:
+def load(path: str, dtype: str = "float32", weights: str | None = None, prefill: str | None = None,
+         threads: int = 1) -> Loaded:
     """Tokenizer and decoder for a resolved model directory.
 
-    ``weights`` is a file made by ``workers.weights.prepare`` (lean decoder, memory-mapped);
-    without it the transformers model is loaded (any architecture, slower per token).
+    ``weights`` is a file made by ``workers.weights.prepare`` (lean decoder, memory-mapped,
+    packed for the kernel it names; ``prefill`` picks that kernel's prefill path); without
+    it the transformers model is loaded in ``dtype`` (any architecture, slower per token).
     """
     import torch
     from transformers import AutoTokenizer, GenerationConfig
@@ -217,8 +201,8 @@ def load(path: str, dtype: str, weights: str | None = None) -> Loaded:
         from workers import weights as lean_weights
         from workers.model import Transformer
 
-        args, tensors = lean_weights.load(Path(weights))
-        decoder = Transformer(args, tensors)
+        args, kernel, tensors = lean_weights.load(Path(weights))
+        decoder = Transformer(args, tensors, kernel, prefill, threads)
     else:
         from transformers import AutoModelForCausalLM
 

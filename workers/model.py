@@ -6,8 +6,9 @@ overhead — cache objects, mask builders, hooks, many small ops. This module is
 forward pass alone, in the style of gpt-fast's ``model.py``:
 
 * q/k/v and gate/up are fused into one matmul each (fewer, larger kernels at M=1);
-* every linear is either a plain ``F.linear`` in the compute dtype or int8 weight-only
-  (``aten._weight_int8pack_mm``: int8 weights, per-output-channel scales), the lm_head too;
+* every linear, the lm_head too, runs on the kernel measured fastest on this CPU
+  (``workers.kernels``: dense fp32/bf16, fbgemm fp16, int8 weight-only on torch or
+  onnxruntime), with a decode path for a few rows and a prefill path for many;
 * the KV cache is pre-allocated and grows by doubling, so decode never concatenates;
 * ``forward_batch`` decodes one token for each of several sequences in one pass over the
   weights (each with its own cache and position);
@@ -25,6 +26,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from workers.kernels import KERNELS
+from workers.linear import Linear, build_linear, dtype_of
 
 SUPPORTED_TYPES = ("llama", "qwen2")
 
@@ -75,35 +79,7 @@ class ModelArgs:
         )
 
 
-DEQUANT_MIN_ROWS = 32  # from this many tokens at once (prefill), int8 weights go through a GEMM
 MATMUL_ATTENTION_FROM = 192  # cached tokens from which decode attention uses plain matmuls (see _attend)
-
-
-class Linear:
-    """``y = x W^T (+ b)`` with W in the compute dtype, or int8 with per-row scales.
-
-    The int8 kernel streams weights at memory speed for a few rows (decode) but is
-    several times slower than a bf16 GEMM for hundreds (prefill); there the weight is
-    widened to the activation dtype first — exact, since int8 values fit bf16.
-    """
-
-    def __init__(self, weight: torch.Tensor, scales: torch.Tensor | None = None, bias: torch.Tensor | None = None):
-        self.weight, self.scales, self.bias = weight, scales, bias  # [N, K], [N] | None, [N] | None
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., K] -> [..., N]
-        if self.scales is None:
-            return F.linear(x, self.weight, self.bias)
-        rows = x.reshape(-1, x.shape[-1])  # [M, K]
-        if rows.shape[0] >= DEQUANT_MIN_ROWS:
-            y = F.linear(rows, self.weight.to(x.dtype)) * self.scales
-        else:
-            y = torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scales)
-        y = y.reshape(*x.shape[:-1], -1)
-        return y if self.bias is None else y + self.bias
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.weight, self.scales, self.bias) if t is not None)
 
 
 @dataclass
@@ -149,16 +125,20 @@ class KVCache:
 
 
 class Transformer:
-    """Forward pass over a dict of tensors laid out by ``workers.weights.prepare``."""
+    """Forward pass over a dict of tensors laid out by ``workers.weights.prepare`` for ``kernel``."""
 
-    def __init__(self, args: ModelArgs, tensors: dict[str, torch.Tensor]) -> None:
+    def __init__(self, args: ModelArgs, tensors: dict[str, torch.Tensor], kernel: str, prefill: str | None = None,
+                 threads: int = 1) -> None:
         self.args = args
         self.max_seq_len = args.max_seq_len
-        self.dtype = tensors["embed"].dtype
+        self.kernel = KERNELS[kernel]
+        self.prefill_path = prefill or self.kernel.prefill_paths[0]
+        self.dtype = dtype_of(self.kernel)
         self.embed = tensors["embed"]  # [V, E]
 
         def linear(prefix: str) -> Linear:
-            return Linear(tensors[f"{prefix}.w"], tensors.get(f"{prefix}.s"), tensors.get(f"{prefix}.b"))
+            packed = {k: tensors[f"{prefix}.{k}"] for k in ("w", "s") if f"{prefix}.{k}" in tensors}
+            return build_linear(self.kernel, packed, self.prefill_path, tensors.get(f"{prefix}.b"), threads)
 
         self.layers = [
             Layer(
@@ -172,7 +152,7 @@ class Transformer:
             for i in range(args.n_layers)
         ]
         self.norm = tensors["norm"]
-        self.lm_head = linear("lm_head") if "lm_head.w" in tensors else Linear(self.embed)  # tied
+        self.lm_head = linear("lm_head")  # its own tensors even when tied: the kernel's format, not the embedding's
         inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, args.head_dim, 2, dtype=torch.float32) / args.head_dim))
         self._inv_freq = inv_freq  # [D/2]
 
@@ -235,10 +215,18 @@ class Transformer:
         return self.lm_head(x).float()  # [B, V]
 
     @property
+    def linears(self) -> list[Linear]:
+        return [self.lm_head] + [l for layer in self.layers for l in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+
+    @property
     def weight_bytes_per_token(self) -> int:
         """Bytes of weights one decode step reads: the memory-bandwidth bound of decoding."""
-        linears = [self.lm_head] + [l for layer in self.layers for l in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-        return sum(l.nbytes for l in linears)
+        return sum(l.nbytes for l in self.linears)
+
+    @property
+    def private_weight_bytes(self) -> int:
+        """Bytes of packed weights this process holds privately (0 when every kernel reads the shared map)."""
+        return sum(l.private_bytes for l in self.linears)
 
 
 def _attend(cache: KVCache, layer: int, q, k, v, start: int, mask) -> torch.Tensor:
@@ -268,13 +256,3 @@ def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
-
-
-def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric per-output-channel int8: W ≈ q * s[:, None]. Returns (q [N, K] int8, s [N] fp32)."""
-    w = weight.float()
-    scales = w.abs().amax(dim=1).clamp(min=1e-8) / 127.0
-    q = torch.round(w / scales[:, None]).clamp(-128, 127).to(torch.int8)
-    return q, scales
-
-

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from workers.cores import WorkerLayout
+from workers.kernels import set_thread_env
 from workers.protocol import (
     Cancel,
     Chunk,
@@ -52,6 +53,9 @@ class WorkerSpec:
     model_name: str
     dtype: str  # "bfloat16" | "float32", already resolved
     weights: str | None = None  # prepared lean-decoder weights (workers.weights); None: transformers
+    kernel: str | None = None  # the kernel the weights are packed for (workers.kernels)
+    prefill: str | None = None  # its prefill path
+    kernels: str = ""  # the kernel choice in words, reported back in Ready
     warmup_tokens: int = 8
     log_level: int = logging.INFO
     engine: dict = field(default_factory=dict)  # EngineConfig fields
@@ -78,6 +82,8 @@ def run_worker(spec: WorkerSpec, conn) -> None:
     # Ctrl+C in a terminal reaches the whole process group; the dispatcher decides when we stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     pin_to_cores(spec.layout)
+    if spec.kernel:
+        set_thread_env(spec.kernel)
     logging.basicConfig(level=spec.log_level, format=f"%(asctime)s worker {spec.layout.worker_id} %(levelname)s %(message)s")
     import torch
 
@@ -86,7 +92,7 @@ def run_worker(spec: WorkerSpec, conn) -> None:
     from workers.loader import load
 
     started = time.monotonic()
-    loaded = load(spec.model_path, spec.dtype, spec.weights)
+    loaded = load(spec.model_path, spec.dtype, spec.weights, spec.prefill, spec.layout.threads)
     engine = Engine(loaded.decoder, loaded.tokenizer, loaded.stop_ids, EngineConfig(**spec.engine))
     warm_up(engine, spec.warmup_tokens)
     load_s = time.monotonic() - started
@@ -101,6 +107,8 @@ def run_worker(spec: WorkerSpec, conn) -> None:
                 model=spec.model_name,
                 dtype=spec.dtype,
                 load_s=load_s,
+                kernels=spec.kernels or f"transformers, {spec.dtype}",
+                private_weight_bytes=getattr(loaded.decoder, "private_weight_bytes", 0),
             )
         )
         serve(engine, conn, spec.layout.worker_id)

@@ -78,6 +78,8 @@ class Ready:
     model: str
     dtype: str
     load_s: float
+    kernels: str = ""  # which linear kernels it runs (chosen by measurement in the parent)
+    private_weight_bytes: int = 0  # packed weights it holds privately (kernels that cannot read the shared map)
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,15 @@
-"""Weights for the lean decoder: prepared once per (model, dtype, quantization), then mmapped.
+"""Weights for the lean decoder: prepared once per (model, kernel), then mmapped.
 
 ``prepare`` runs in the parent before any worker starts. It reads the model's safetensors,
-fuses q/k/v and gate/up, casts to the compute dtype, optionally quantizes every linear
-(lm_head included) to int8 with per-channel scales, and writes one file (safetensors'
+fuses q/k/v and gate/up, packs every linear (lm_head included) in the format of the kernel
+chosen for this CPU (``workers.kernels``: fp32, bf16, fp16, int8 per channel or per block),
+casts the rest to the kernel's compute dtype, and writes one file (safetensors'
 layout, 64-byte aligned) into the cache directory. ``load`` maps that file read-only-shared into a worker and builds
 tensors that point straight into the mapping: no copy, so N workers share one set of
 weights through the page cache, and a restart reads nothing from disk that is cached.
 
-    path = prepare("/models/qwen", "bfloat16", "int8", cache_dir)   # parent, once
-    args, tensors = load(path)                                       # each worker
+    path = prepare("/models/qwen", "int8pack-bf16", cache_dir)   # parent, once
+    args, kernel, tensors = load(path)                            # each worker
 """
 
 from __future__ import annotations
@@ -26,46 +27,47 @@ from pathlib import Path
 
 import torch
 
-from workers.model import ModelArgs, UnsupportedModel, quantize_int8
+from workers.kernels import KERNELS, Kernel
+from workers.linear import dtype_of, pack
+from workers.model import ModelArgs, UnsupportedModel
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
-QUANTIZATIONS = ("none", "int8")
+FORMAT_VERSION = 2
 ALIGN = 64
-_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "I8": torch.int8}
+_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "I8": torch.int8, "U8": torch.uint8}
 _CODES = {dtype: code for code, dtype in _DTYPES.items()}
 
 
-def prepare(model_path: str, dtype: str, quantize: str, cache_dir: Path) -> Path:
-    """The prepared weights file for this model, dtype and quantization; written if missing."""
+def prepare(model_path: str, kernel_name: str, cache_dir: Path) -> Path:
+    """The prepared weights file of this model for this kernel; written if missing."""
     from transformers import AutoConfig
 
-    if quantize not in QUANTIZATIONS:
-        raise ValueError(f"--quantize must be one of {', '.join(QUANTIZATIONS)}, got {quantize!r}")
+    kernel = KERNELS[kernel_name]
     args = ModelArgs.from_hf_config(AutoConfig.from_pretrained(model_path))
     shards = sorted(Path(model_path).glob("*.safetensors"))
     if not shards:
         raise UnsupportedModel(f"no .safetensors weights in {model_path}")
     stamp = ";".join(f"{p.resolve()}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in shards)
-    key = hashlib.sha256(f"{FORMAT_VERSION};{stamp};{dtype};{quantize}".encode()).hexdigest()[:12]
-    out = cache_dir / "prepared" / f"{Path(model_path).name}-{dtype}-{quantize}-{key}.weights"
+    layout = f"{kernel.format}-{kernel.activation}"  # kernels that share a layout share the file
+    key = hashlib.sha256(f"{FORMAT_VERSION};{stamp};{layout}".encode()).hexdigest()[:12]
+    out = cache_dir / "prepared" / f"{Path(model_path).name}-{layout}-{key}.weights"
     if out.is_file():
         return out
     from safetensors.torch import load_file
 
-    log.info("Preparing %s weights (%s, quantize=%s) in %s — once; later starts map the file",
-             Path(model_path).name, dtype, quantize, out.parent)
+    log.info("Preparing %s weights (%s weights, %s activations) in %s — once; later starts map the file",
+             Path(model_path).name, kernel.format, kernel.activation, out.parent)
     started = time.monotonic()
     state: dict[str, torch.Tensor] = {}
     for shard in shards:
         state.update(load_file(shard))
-    tensors = _layout(state, args, getattr(torch, dtype), quantize == "int8")
+    tensors = _layout(state, args, kernel)
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=".tmp-")
     try:
         with os.fdopen(fd, "wb") as f:
-            save_aligned(tensors, f, {"args": json.dumps(dataclasses.asdict(args))})
+            save_aligned(tensors, f, {"args": json.dumps(dataclasses.asdict(args)), "kernel": kernel.name})
         os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):
@@ -78,10 +80,16 @@ def save_aligned(tensors: dict[str, torch.Tensor], f, metadata: dict[str, str]) 
     """safetensors' layout (u64 header length, JSON header, data), but every tensor starts
     on a 64-byte boundary: the int8 matmul kernel crashes on misaligned weights, and an
     mmap is page-aligned, so file alignment is memory alignment. (Standard safetensors
-    forbids the gaps this leaves, hence the private ``.weights`` suffix.)"""
+    forbids the gaps this leaves, and aliases, hence the private ``.weights`` suffix.) A tensor
+    given under two names (a tied embedding and lm_head) is stored once."""
     header: dict = {"__metadata__": metadata}
     offset = 0
+    written: dict[int, str] = {}  # id(tensor) -> first name
     for name, t in tensors.items():
+        if id(t) in written:
+            header[name] = header[written[id(t)]]
+            continue
+        written[id(t)] = name
         offset = -(-offset // ALIGN) * ALIGN
         nbytes = t.numel() * t.element_size()
         header[name] = {"dtype": _CODES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
@@ -90,31 +98,30 @@ def save_aligned(tensors: dict[str, torch.Tensor], f, metadata: dict[str, str]) 
     encoded += b" " * ((-(8 + len(encoded))) % ALIGN)
     f.write(struct.pack("<Q", len(encoded)) + encoded)
     base = f.tell()
-    for name, t in tensors.items():
+    for name in written.values():
+        t = tensors[name]
         f.seek(base + header[name]["data_offsets"][0])
         f.write(t.contiguous().view(torch.uint8).numpy().tobytes())
 
 
-def _layout(state: dict[str, torch.Tensor], args: ModelArgs, dtype: torch.dtype, int8: bool) -> dict[str, torch.Tensor]:
-    """transformers' names → the lean decoder's fused tensors."""
+def _layout(state: dict[str, torch.Tensor], args: ModelArgs, kernel: Kernel) -> dict[str, torch.Tensor]:
+    """transformers' names → the lean decoder's fused tensors, linears packed for ``kernel``."""
     state = {k.removeprefix("model."): v for k, v in state.items()}
+    dtype = dtype_of(kernel)
     out: dict[str, torch.Tensor] = {}
 
     def put_linear(name: str, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        if int8:
-            q, scales = quantize_int8(weight)
-            out[f"{name}.w"], out[f"{name}.s"] = q, scales.to(dtype)
-        else:
-            out[f"{name}.w"] = weight.to(dtype).contiguous()
+        for part, tensor in pack(kernel, weight).items():
+            out[f"{name}.{part}"] = tensor
         if bias is not None:
             out[f"{name}.b"] = bias.to(dtype).contiguous()
 
     out["embed"] = state["embed_tokens.weight"].to(dtype).contiguous()
     out["norm"] = state["norm.weight"].to(dtype).contiguous()
-    if not args.tie_embeddings:
-        put_linear("lm_head", state["lm_head.weight"])
-    elif int8:  # tied: an int8 copy for the output projection, the embedding stays exact
-        put_linear("lm_head", state["embed_tokens.weight"])
+    if args.tie_embeddings and kernel.format == kernel.activation:
+        out["lm_head.w"] = out["embed"]  # tied, and the same format: one copy in the file
+    else:  # untied, or tied but packed otherwise for the output projection (the embedding stays exact)
+        put_linear("lm_head", state["lm_head.weight" if not args.tie_embeddings else "embed_tokens.weight"])
     for i in range(args.n_layers):
         p = f"layers.{i}"
         attn = {n: state[f"{p}.self_attn.{n}_proj.weight"] for n in "qkvo"}
@@ -131,8 +138,9 @@ def _layout(state: dict[str, torch.Tensor], args: ModelArgs, dtype: torch.dtype,
     return out
 
 
-def load(path: Path) -> tuple[ModelArgs, dict[str, torch.Tensor]]:
-    """Map a prepared file and return tensors that are views into the mapping (zero copy)."""
+def load(path: Path) -> tuple[ModelArgs, str, dict[str, torch.Tensor]]:
+    """Map a prepared file: the model's shape, the kernel it was packed for, and tensors
+    that are views into the mapping (zero copy)."""
     with open(path, "rb") as f:
         # ACCESS_COPY: private, copy-on-write. We never write, so every page stays shared
         # with the page cache (and with the other workers); torch gets a writable buffer.
@@ -146,4 +154,4 @@ def load(path: Path) -> tuple[ModelArgs, dict[str, torch.Tensor]]:
         start, end = info["data_offsets"]
         raw = torch.frombuffer(mapped, dtype=torch.uint8, count=end - start, offset=base + start)
         tensors[name] = raw.view(_DTYPES[info["dtype"]]).reshape(info["shape"])
-    return ModelArgs(**json.loads(meta["args"])), tensors
+    return ModelArgs(**json.loads(meta["args"])), meta["kernel"], tensors

@@ -1,0 +1,415 @@
+"""Choose the linear kernels by timing them on this machine, once, and remember the verdict.
+
+Every candidate in ``workers.kernels`` that this machine can run is timed on the model's
+own layer shapes (q/k/v, o, gate/up, down), in a process pinned and threaded like a worker:
+decode at 1 row and at ``max_batch`` rows, prefill at 128 rows through each prefill path.
+Timings run over enough distinct layers that the weights come from memory, not from the
+last-level cache (timing one small matrix again and again flatters every kernel 2-3x), with
+the small torch ops of a layer between the matmuls, so per-call overhead and hand-offs
+between thread pools count. Each path is also checked against fp32 on the model's real
+weights. The verdict is cached per CPU model and flags, torch and onnxruntime versions,
+shapes, threads and batch size; ``choose`` then picks, for what the flags allow, the
+fastest decode kernel that matches fp32 and the fastest prefill path that reads its weights.
+
+    choice = calibrate(model_path, shapes, layout, max_batch=4, cache_dir=cache)   # ≤ 20 s once
+    choice = choose(choice.measurement, Allowed(int8=True, dtype="auto"))          # re-pick, no timing
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from workers.cores import WorkerLayout
+
+log = logging.getLogger(__name__)
+
+CALIBRATION_VERSION = 1
+PREFILL_ROWS = 128
+MAX_REL_ERROR = 0.03  # vs fp32 on real weights; per-channel int8 measures ~1%, bf16 ~0.3%
+DECODE_REPEATS = 7
+PREFILL_REPEATS = 3
+HOPELESS = 3.0  # this many times slower than the best so far: no need to time it precisely
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """The linear shapes of one decoder layer, and how many layers the model has."""
+
+    dim: int  # model width E
+    qkv_out: int  # (H + 2 Hkv) D
+    attn_out: int  # H D, the o projection's input
+    intermediate: int
+    n_layers: int
+
+    @classmethod
+    def from_hf_config(cls, cfg) -> Shapes:
+        heads = cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        kv = getattr(cfg, "num_key_value_heads", None) or heads
+        return cls(cfg.hidden_size, (heads + 2 * kv) * head_dim, heads * head_dim, cfg.intermediate_size,
+                   cfg.num_hidden_layers)
+
+    @property
+    def linears(self) -> list[tuple[str, int, int]]:
+        """(name, out, in) of one layer's linears, in the order a layer runs them."""
+        return [("qkv", self.qkv_out, self.dim), ("o", self.dim, self.attn_out),
+                ("gate_up", 2 * self.intermediate, self.dim), ("down", self.dim, self.intermediate)]
+
+    @property
+    def params_per_layer(self) -> int:
+        return sum(n * k for _, n, k in self.linears)
+
+
+@dataclass(frozen=True)
+class Timing:
+    kernel: str
+    phase: str  # "decode-1", "decode-<max_batch>", "prefill-128"
+    path: str  # "decode", or the prefill path's name
+    ms_per_layer: float  # median time of one layer's four linears and the ops between them
+    gbps: float  # weight bytes read per second
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Everything timed on this machine: what ``choose`` picks from, cached on disk."""
+
+    machine: str  # CPU model, thread count, torch: what the timings are valid for
+    max_batch: int
+    timings: tuple[Timing, ...]
+    errors: dict[str, float]  # "kernel/path" -> relative error vs fp32 on real weights
+    unavailable: dict[str, str]  # kernel -> why this machine cannot run it
+    seconds: float  # how long the calibration took
+
+    def time(self, kernel: str, phase: str, path: str = "decode") -> float | None:
+        for t in self.timings:
+            if (t.kernel, t.phase, t.path) == (kernel, phase, path):
+                return t.ms_per_layer
+        return None
+
+    def gbps(self, kernel: str, phase: str) -> float:
+        return next((t.gbps for t in self.timings if (t.kernel, t.phase) == (kernel, phase)), 0.0)
+
+
+@dataclass(frozen=True)
+class Allowed:
+    """What the flags let ``choose`` pick: int8 weights or not, a compute dtype or any, one kernel."""
+
+    int8: bool = True
+    dtype: str = "auto"  # "auto" | "float32" | "bfloat16"
+    kernel: str = "auto"  # "auto", or the name of the decode kernel to use
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    decode: str  # a workers.kernels.KERNELS name
+    prefill: str  # one of that kernel's prefill paths
+    dtype: str  # the model's compute dtype: the decode kernel's activations
+    decode_gbps: float  # measured, at one row
+    why: str  # in words: measured fastest, forced, or the only one allowed
+    measurement: Measurement | None = field(default=None, repr=False)
+
+    def summary(self) -> str:
+        speed = f" at {self.decode_gbps:.0f} GB/s" if self.decode_gbps else ""
+        return f"decode {self.decode}{speed}, prefill {self.prefill} ({self.why})"
+
+    def report(self) -> dict:
+        """For /health and the benchmark: the choice, and the timings it was made from."""
+        m = self.measurement
+        return {
+            "decode": self.decode, "prefill": self.prefill, "dtype": self.dtype, "why": self.why,
+            "decode_gb_per_s": round(self.decode_gbps, 1),
+            "machine": m.machine if m else None,
+            "calibration_s": round(m.seconds, 1) if m else None,
+            "ms_per_layer": {f"{t.kernel}/{t.phase}/{t.path}": round(t.ms_per_layer, 3) for t in m.timings} if m else {},
+            "rel_error_vs_fp32": {k: round(v, 5) for k, v in m.errors.items()} if m else {},
+            "unavailable": dict(m.unavailable) if m else {},
+        }
+
+
+class CalibrationError(RuntimeError):
+    """No candidate kernel is allowed, available and accurate; the message says which flags to change."""
+
+
+def choose(m: Measurement, allowed: Allowed, max_error: float = MAX_REL_ERROR) -> KernelChoice:
+    """The fastest allowed decode kernel whose decode path matches fp32, scored by its time at
+    one row plus its time at ``max_batch`` rows; then the fastest of its accurate prefill paths."""
+    from workers.kernels import KERNELS
+
+    decode_b = f"decode-{m.max_batch}"
+
+    def accurate(kernel: str, path: str) -> bool:
+        return m.errors.get(f"{kernel}/{path}", math.inf) <= max_error
+
+    def fits(name: str) -> bool:
+        k = KERNELS[name]
+        return ((allowed.int8 or not k.int8) and allowed.dtype in ("auto", k.activation)
+                and name not in m.unavailable and accurate(name, "decode") and m.time(name, "decode-1") is not None)
+
+    if allowed.kernel != "auto":
+        if allowed.kernel not in KERNELS:
+            raise CalibrationError(f"--kernel {allowed.kernel!r} is not one of: auto, {', '.join(KERNELS)}")
+        if allowed.kernel in m.unavailable:
+            raise CalibrationError(f"--kernel {allowed.kernel} cannot run here: {m.unavailable[allowed.kernel]}")
+        decode, why = allowed.kernel, "forced with --kernel"
+    else:
+        fitting = [name for name in KERNELS if fits(name)]
+        if not fitting:
+            raise CalibrationError(f"no kernel fits --quantize {'int8' if allowed.int8 else 'none'} and --dtype "
+                                   f"{allowed.dtype} on this machine (errors: {m.errors}; unavailable: {m.unavailable})")
+        decode = min(fitting, key=lambda n: m.time(n, "decode-1") + (m.time(n, decode_b) or 0.0))
+        why = "measured fastest" if len(fitting) > 1 else "the only allowed kernel"
+    paths = [p for p in KERNELS[decode].prefill_paths if accurate(decode, p) and m.time(decode, f"prefill-{PREFILL_ROWS}", p)]
+    prefill = min(paths, key=lambda p: m.time(decode, f"prefill-{PREFILL_ROWS}", p)) if paths else KERNELS[decode].prefill_paths[0]
+    return KernelChoice(decode, prefill, KERNELS[decode].activation, m.gbps(decode, "decode-1"), why, m)
+
+
+# --- measuring ----------------------------------------------------------------------
+
+
+def calibrate(model_path: str, shapes: Shapes, layout: WorkerLayout, max_batch: int, cache_dir: Path,
+              candidates: tuple[str, ...] | None = None) -> Measurement:
+    """The cached measurement for this machine and model shape, or a new one (taken in
+    processes pinned and threaded like a worker, so it sees what a worker will see)."""
+    from workers import kernels
+
+    candidates = tuple(candidates or kernels.KERNELS)
+    machine = machine_id(layout.threads)
+    key = hashlib.sha256(json.dumps([CALIBRATION_VERSION, machine, dataclasses.asdict(shapes), max_batch,
+                                     candidates]).encode()).hexdigest()[:16]
+    path = cache_dir / "kernels" / f"{key}.json"
+    if path.is_file():
+        return _load(path)
+    log.info("Measuring %d linear kernels on this CPU (once per CPU, model shape and thread count)", len(candidates))
+    results = []
+    for passive in (False, True):  # each group under the OpenMP policy it will run with
+        group = tuple(name for name in candidates if kernels.KERNELS[name].passive_omp == passive)
+        if group:
+            results.append(_measure_in_process(layout, model_path, shapes, max_batch, group, passive))
+    result = {"max_batch": max_batch, "seconds": sum(r["seconds"] for r in results)}
+    for part in ("timings", "errors", "unavailable"):
+        merged = [item for r in results for item in (r[part] if part == "timings" else r[part].items())]
+        result[part] = tuple(merged) if part == "timings" else dict(merged)
+    measurement = Measurement(machine=machine, **result)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dataclasses.asdict(measurement), indent=1))
+    log.info("Kernel timings (ms per layer): %s", ", ".join(
+        f"{t.kernel}/{t.phase}/{t.path} {t.ms_per_layer:.2f}" for t in measurement.timings))
+    return measurement
+
+
+def machine_id(threads: int) -> str:
+    """What kernel timings depend on: CPU model and flags, library versions, forced ISA, threads.
+    (Versions from package metadata: the parent need not import torch to find the cache.)"""
+    from importlib import metadata
+
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+    model = fields.get("model name\t", "").strip() or os.uname().machine
+    flags = hashlib.sha256(fields.get("flags\t\t", "").encode()).hexdigest()[:8]
+    try:
+        ort = metadata.version("onnxruntime")
+    except metadata.PackageNotFoundError:
+        ort = "none"
+    isa = ",".join(f"{v}={os.environ[v]}" for v in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA") if v in os.environ)
+    return f"{model} (flags {flags}{', ' + isa if isa else ''}), torch {metadata.version('torch')}, onnxruntime {ort}, {threads} threads"
+
+
+def _load(path: Path) -> Measurement:
+    raw = json.loads(path.read_text())
+    raw["timings"] = tuple(Timing(**t) for t in raw["timings"])
+    return Measurement(**raw)
+
+
+def _measure_in_process(layout: WorkerLayout, model_path: str, shapes: Shapes, max_batch: int,
+                        candidates: tuple[str, ...], passive_omp: bool) -> dict:
+    """``measure`` in a fresh process pinned and threaded like a worker."""
+    import multiprocess
+
+    ctx = multiprocess.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    process = ctx.Process(target=_measure_pinned, daemon=True, name="kernel-calibration",
+                          args=(layout, model_path, shapes, max_batch, candidates, passive_omp, child))
+    process.start()
+    child.close()
+    try:
+        result = parent.recv()
+    except EOFError:
+        result = RuntimeError(f"the calibration process died (exit code {process.exitcode})")
+    process.join(5)
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+def _measure_pinned(layout: WorkerLayout, model_path: str, shapes: Shapes, max_batch: int,
+                    candidates: tuple[str, ...], passive_omp: bool, conn) -> None:
+    from workers.process import pin_to_cores
+
+    pin_to_cores(layout)
+    if passive_omp:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    try:
+        import torch
+
+        torch.set_num_threads(layout.threads)
+        conn.send(measure(model_path, shapes, layout.threads, max_batch, candidates))
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
+        conn.send(RuntimeError(f"kernel calibration failed: {type(exc).__name__}: {exc}"))
+
+
+def measure(model_path: str | None, shapes: Shapes, threads: int, max_batch: int,
+            candidates: tuple[str, ...]) -> dict:
+    """Time and check every available candidate in this process (see the module docstring)."""
+    import torch
+
+    from workers.kernels import KERNELS
+    from workers.linear import unavailable
+
+    started = time.perf_counter()
+    torch.manual_seed(0)
+    reference = _real_weights(model_path, shapes)
+    timings: list[Timing] = []
+    best: dict[str, float] = {}  # fastest decode-1 and prefill so far, to cut hopeless timings short
+    errors: dict[str, float] = {}
+    cannot_run: dict[str, str] = {}
+    for name in candidates:
+        kernel = KERNELS[name]
+        why_not = unavailable(kernel, tuple(k for _, _, k in shapes.linears))
+        if why_not:
+            cannot_run[name] = why_not
+            continue
+        for path, error in _errors(kernel, reference, threads).items():
+            errors[f"{name}/{path}"] = error
+        if errors[f"{name}/decode"] > MAX_REL_ERROR:
+            continue  # not worth timing
+        timings += _time_kernel(kernel, shapes, threads, max_batch, best)
+    return {"max_batch": max_batch, "timings": tuple(timings), "errors": errors, "unavailable": cannot_run,
+            "seconds": time.perf_counter() - started}
+
+
+def _real_weights(model_path: str | None, shapes: Shapes) -> list:
+    """Two of the model's own weight matrices (layer 0's gate and down projections) for the
+    accuracy check: int8 error depends on the weights' outliers, which random weights lack."""
+    import torch
+
+    if model_path:
+        from safetensors import safe_open
+
+        wanted = {"model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.down_proj.weight"}
+        found = {}
+        for shard in sorted(Path(model_path).glob("*.safetensors")):
+            with safe_open(shard, "pt") as f:
+                found.update({name: f.get_tensor(name).float() for name in wanted & set(f.keys())})
+        if len(found) == len(wanted):
+            return [found[name] for name in sorted(wanted)]
+    return [torch.randn(n, k) * 0.02 for name, n, k in shapes.linears if name in ("gate_up", "down")]
+
+
+def _errors(kernel, weights: list, threads: int) -> dict[str, float]:
+    """Relative L2 error vs fp32 of the decode path (at 4 rows) and each prefill path (at 128)."""
+    import torch
+
+    from workers.linear import build_linear, dtype_of, pack
+
+    out: dict[str, float] = {}
+    for w in weights:
+        packed = pack(kernel, w)
+        for path in ("decode", *kernel.prefill_paths):
+            linear = build_linear(kernel, packed, "same" if path == "decode" else path, threads=threads)
+            rows = 4 if path == "decode" else PREFILL_ROWS
+            x = torch.randn(rows, w.shape[1])
+            run = linear.decode if path == "decode" else linear.prefill
+            ref = x @ w.T
+            y = run(x.to(dtype_of(kernel))).float()
+            error = float((y - ref).norm() / ref.norm())
+            out[path] = max(out.get(path, 0.0), error)
+    return out
+
+
+def _layers_to_time(shapes: Shapes, bytes_per_param: float) -> int:
+    """Enough distinct layers that their weights are 4x the last-level cache (so every timed
+    read comes from memory), but no more than the model has."""
+    llc = _last_level_cache_bytes()
+    per_layer = shapes.params_per_layer * bytes_per_param
+    return max(2, min(shapes.n_layers, math.ceil(4 * llc / per_layer)))
+
+
+def _last_level_cache_bytes(sys_cpu: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int:
+    sizes = [32 * 2**20]
+    for index in sys_cpu.glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        units = {"K": 2**10, "M": 2**20, "G": 2**30}
+        sizes.append(int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text))
+    return max(sizes)
+
+
+_BYTES_PER_PARAM = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1, "int8-b32": 1 + 4 / 32}
+
+
+def _time_kernel(kernel, shapes: Shapes, threads: int, max_batch: int, best: dict[str, float]) -> list[Timing]:
+    """Build one layer's linears ``n`` times over (distinct random weights), then time a
+    pass over all of them, as a layer runs them, per phase.
+
+    To stay within seconds: a path whose first pass is ``HOPELESS``x slower than the best
+    so far is recorded from that pass alone, and a kernel whose decode is that much slower
+    than the best one's gets no prefill timing (its prefill can only be used with its decode)."""
+    import torch
+    import torch.nn.functional as F
+
+    from workers.linear import build_linear, dtype_of, pack, prefill_path
+
+    n = _layers_to_time(shapes, _BYTES_PER_PARAM[kernel.format])
+    layers = [{name: build_linear(kernel, pack(kernel, torch.randn(out, k) * 0.02), "same", threads=threads)
+               for name, out, k in shapes.linears} for _ in range(n)]
+    bytes_per_layer = sum(l.nbytes for l in layers[0].values())
+    dtype = dtype_of(kernel)
+
+    def run_layer(layer: dict, x, path_of) -> torch.Tensor:  # x: [M, E]
+        qkv = path_of(layer["qkv"])(x)
+        h = x + path_of(layer["o"])(qkv[:, : shapes.attn_out].to(dtype)).to(dtype)
+        gate, up = path_of(layer["gate_up"])(h).to(dtype).chunk(2, dim=-1)
+        return h + path_of(layer["down"])(F.silu(gate) * up).to(dtype)
+
+    def timed(rows: int, path_of, layer_count: int, repeats: int, phase: str) -> float:
+        x = torch.randn(rows, shapes.dim).to(dtype)
+        begin = time.perf_counter()
+        run_layer(layers[0], x, path_of)  # warm-up: lazy init, first-touch of buffers
+        first_ms = (time.perf_counter() - begin) * 1000
+        if first_ms > HOPELESS * best.get(phase, math.inf):
+            return first_ms
+        samples = []
+        for _ in range(repeats):
+            begin = time.perf_counter()
+            for layer in layers[:layer_count]:
+                run_layer(layer, x, path_of)  # the same input each time: values must not blow up
+            samples.append((time.perf_counter() - begin) / layer_count * 1000)
+        ms = statistics.median(samples)
+        best[phase] = min(ms, best.get(phase, math.inf))
+        return ms
+
+    out = []
+    for rows in sorted({1, max_batch}):
+        ms = timed(rows, lambda lin: lin.decode, n, DECODE_REPEATS, f"decode-{rows}")
+        out.append(Timing(kernel.name, f"decode-{rows}", "decode", ms, bytes_per_layer / ms / 1e6))
+    if out[0].ms_per_layer > HOPELESS * best["decode-1"]:
+        return out
+    prefill_layers = min(n, 2)
+    for path in kernel.prefill_paths:
+        for layer in layers[:prefill_layers]:
+            for lin in layer.values():
+                lin.prefill = prefill_path(lin.packed, path, lin.decode)
+        ms = timed(PREFILL_ROWS, lambda lin: lin.prefill, prefill_layers, PREFILL_REPEATS, "prefill")
+        out.append(Timing(kernel.name, f"prefill-{PREFILL_ROWS}", path, ms, bytes_per_layer / ms / 1e6))
+    return out
