@@ -18,13 +18,15 @@ def two_single_core_layouts():
 
 
 class Pool:
-    def __init__(self, source: ModelSource, max_queue: int = 64, wait_ready: bool = True, max_batch: int = 4) -> None:
-        """``source.weights``: a prepared lean-decoder file (what the app uses); None loads transformers."""
+    def __init__(self, source: ModelSource, max_queue: int = 64, wait_ready: bool = True, max_batch: int = 4,
+                 layouts: list | None = None) -> None:
+        """``source.weights``: a prepared lean-decoder file (what the app uses); None loads transformers.
+        ``layouts``: the workers (default: two single-core ones)."""
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.dispatcher = Dispatcher(DispatcherConfig(
-            two_single_core_layouts(), source, max_batch=max_batch, max_queue=max_queue))
+            layouts or two_single_core_layouts(), source, max_batch=max_batch, max_queue=max_queue))
         self.run(self._start(wait_ready), timeout=240)
 
     async def _start(self, wait_ready: bool) -> None:

@@ -8,8 +8,8 @@ last-level cache (timing one small matrix again and again flatters every kernel 
 the small torch ops of a layer between the matmuls, so per-call overhead and hand-offs
 between thread pools count. Each path is also checked against fp32 on the model's real
 weights. The verdict is cached per CPU model and flags, torch and onnxruntime versions,
-shapes, threads and batch size; ``choose`` then picks, for what the flags allow, the
-fastest decode kernel that matches fp32 and the fastest prefill path that reads its weights.
+shapes, threads and batch size; ``choose`` then picks, for what the flags allow, the kernel
+and prefill path that match fp32 and serve a typical turn (prefill, then decode) fastest.
 
     choice = calibrate(model_path, shapes, layout, max_batch=4, cache_dir=cache)   # ≤ 20 s once
     choice = choose(choice.measurement, Allowed(int8=True, dtype="auto"))          # re-pick, no timing
@@ -37,6 +37,8 @@ PREFILL_ROWS = 128
 MAX_REL_ERROR = 0.03  # vs fp32 on real weights; per-channel int8 measures ~1%, bf16 ~0.3%
 DECODE_REPEATS = 7
 PREFILL_REPEATS = 3
+TURN_PROMPT_TOKENS = 256  # what ``choose`` weighs: a typical chat turn (prompt with history, reply)
+TURN_REPLY_TOKENS = 256
 HOPELESS = 3.0  # this many times slower than the best so far: no need to time it precisely
 
 
@@ -140,14 +142,27 @@ class CalibrationError(RuntimeError):
 
 
 def choose(m: Measurement, allowed: Allowed, max_error: float = MAX_REL_ERROR) -> KernelChoice:
-    """The fastest allowed decode kernel whose decode path matches fp32, scored by its time at
-    one row plus its time at ``max_batch`` rows; then the fastest of its accurate prefill paths."""
+    """The allowed kernel, and its prefill path, that serve a typical turn fastest.
+
+    A turn is ``TURN_PROMPT_TOKENS`` of prompt to prefill, then ``TURN_REPLY_TOKENS`` to
+    decode, half of them alone and half in a full batch: time to first token and tokens/s
+    both count. Only paths whose error against fp32 is within ``max_error`` are candidates.
+    """
     from workers.kernels import KERNELS
 
-    decode_b = f"decode-{m.max_batch}"
+    prefill_phase = f"prefill-{PREFILL_ROWS}"
 
     def accurate(kernel: str, path: str) -> bool:
         return m.errors.get(f"{kernel}/{path}", math.inf) <= max_error
+
+    def best_prefill(kernel: str) -> tuple[str, float]:
+        timed = [(m.time(kernel, prefill_phase, p), p) for p in KERNELS[kernel].prefill_paths if accurate(kernel, p)]
+        timed = [(t, p) for t, p in timed if t is not None]
+        return (min(timed)[1], min(timed)[0]) if timed else (KERNELS[kernel].prefill_paths[0], math.inf)
+
+    def turn_ms(kernel: str) -> float:
+        decode = (m.time(kernel, "decode-1") + (m.time(kernel, f"decode-{m.max_batch}") or math.inf)) / 2
+        return TURN_PROMPT_TOKENS / PREFILL_ROWS * best_prefill(kernel)[1] + TURN_REPLY_TOKENS * decode
 
     def fits(name: str) -> bool:
         k = KERNELS[name]
@@ -165,11 +180,9 @@ def choose(m: Measurement, allowed: Allowed, max_error: float = MAX_REL_ERROR) -
         if not fitting:
             raise CalibrationError(f"no kernel fits --quantize {'int8' if allowed.int8 else 'none'} and --dtype "
                                    f"{allowed.dtype} on this machine (errors: {m.errors}; unavailable: {m.unavailable})")
-        decode = min(fitting, key=lambda n: m.time(n, "decode-1") + (m.time(n, decode_b) or 0.0))
+        decode = min(fitting, key=turn_ms)
         why = "measured fastest" if len(fitting) > 1 else "the only allowed kernel"
-    paths = [p for p in KERNELS[decode].prefill_paths if accurate(decode, p) and m.time(decode, f"prefill-{PREFILL_ROWS}", p)]
-    prefill = min(paths, key=lambda p: m.time(decode, f"prefill-{PREFILL_ROWS}", p)) if paths else KERNELS[decode].prefill_paths[0]
-    return KernelChoice(decode, prefill, KERNELS[decode].activation, m.gbps(decode, "decode-1"), why, m)
+    return KernelChoice(decode, best_prefill(decode)[0], KERNELS[decode].activation, m.gbps(decode, "decode-1"), why, m)
 
 
 # --- measuring ----------------------------------------------------------------------
@@ -183,8 +196,9 @@ def calibrate(model_path: str, shapes: Shapes, layout: WorkerLayout, max_batch: 
 
     candidates = tuple(candidates or kernels.KERNELS)
     machine = machine_id(layout.threads)
+    kernel_specs = [dataclasses.asdict(kernels.KERNELS[name]) for name in candidates]
     key = hashlib.sha256(json.dumps([CALIBRATION_VERSION, machine, dataclasses.asdict(shapes), max_batch,
-                                     candidates]).encode()).hexdigest()[:16]
+                                     kernel_specs]).encode()).hexdigest()[:16]
     path = cache_dir / "kernels" / f"{key}.json"
     if path.is_file():
         return _load(path)
@@ -324,7 +338,7 @@ def _errors(kernel, weights: list, threads: int) -> dict[str, float]:
     for w in weights:
         packed = pack(kernel, w)
         for path in ("decode", *kernel.prefill_paths):
-            linear = build_linear(kernel, packed, "same" if path == "decode" else path, threads=threads)
+            linear = build_linear(kernel, packed, kernel.prefill_paths[0] if path == "decode" else path, threads=threads)
             rows = 4 if path == "decode" else PREFILL_ROWS
             x = torch.randn(rows, w.shape[1])
             run = linear.decode if path == "decode" else linear.prefill
@@ -371,7 +385,7 @@ def _time_kernel(kernel, shapes: Shapes, threads: int, max_batch: int, best: dic
     from workers.linear import build_linear, dtype_of, pack, prefill_path
 
     n = _layers_to_time(shapes, _BYTES_PER_PARAM[kernel.format])
-    layers = [{name: build_linear(kernel, pack(kernel, torch.randn(out, k) * 0.02), "same", threads=threads)
+    layers = [{name: build_linear(kernel, pack(kernel, torch.randn(out, k) * 0.02), kernel.prefill_paths[0], threads=threads)
                for name, out, k in shapes.linears} for _ in range(n)]
     bytes_per_layer = sum(l.nbytes for l in layers[0].values())
     dtype = dtype_of(kernel)
@@ -409,7 +423,7 @@ def _time_kernel(kernel, shapes: Shapes, threads: int, max_batch: int, best: dic
     for path in kernel.prefill_paths:
         for layer in layers[:prefill_layers]:
             for lin in layer.values():
-                lin.prefill = prefill_path(lin.packed, path, lin.decode)
+                lin.prefill = prefill_path(lin.packed, path, lin.decode, threads)
         ms = timed(PREFILL_ROWS, lambda lin: lin.prefill, prefill_layers, PREFILL_REPEATS, "prefill")
         out.append(Timing(kernel.name, f"prefill-{PREFILL_ROWS}", path, ms, bytes_per_layer / ms / 1e6))
     return out

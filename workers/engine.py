@@ -1,12 +1,16 @@
 """Token generation for one worker: sequences over a loaded decoder, no I/O.
 
-    start(prompt)  ─▶ prefill (only the tokens the conversation cache lacks) ─▶ sample
-    step([seqs])   ─▶ one batched decode step for every live sequence ─▶ sample each
-    finish(seq)    ─▶ keep its cache for the next turn, report its metrics
+    begin(prompt)      ─▶ a sequence whose prompt still has to be prefilled
+    prefill(seq, n)    ─▶ prefill up to n more prompt tokens (only those the conversation
+                          cache lacks); after the last chunk, sample the first token
+    step([seqs])       ─▶ one batched decode step for every prefilled live sequence
+    finish(seq)        ─▶ keep its cache for the next turn, report its metrics
 
-The worker loop admits requests with ``start``, steps all of them together (several users
-share one pass over the weights) and ends one with ``finish`` on a stop token, the budget,
-or a Cancel — so a Stop takes effect within one decode step. ``generate`` is the same for
+``start`` is ``begin`` plus a whole prefill. The worker loop admits requests with
+``begin``, prefills a long prompt in chunks between decode steps (so it never freezes the
+other replies in the batch), steps all prefilled sequences together (several users share
+one pass over the weights) and ends one with ``finish`` on a stop token, the budget, or a
+Cancel — so a Stop takes effect within one decode step. ``generate`` is the same for
 a single sequence, as a generator. The engine knows nothing about pipes or requests.
 
 A conversation's KV cache is kept after each turn (keyed by session id, least recently
@@ -73,6 +77,7 @@ class Sequence:
     key: str = ""  # the caller's name for it (the worker uses the request id)
     cache: object = None
     cached: int = 0  # prompt tokens whose KV came from the conversation cache
+    pending: list[int] = field(default_factory=list)  # prompt tokens still to prefill
     generated: list[int] = field(default_factory=list)  # the last one is sampled, not yet fed
     reason: FinishReason | None = None  # set once it must not be stepped again
     started: float = field(default_factory=time.perf_counter)
@@ -232,10 +237,15 @@ class Engine:
 
     # generation ----------------------------------------------------------------------
 
-    @torch.no_grad()
     def start(self, prompt_ids: list[int], params: SamplingParams, session_id: str | None = None,
               key: str = "") -> tuple[Sequence, Step | None]:
         """Prefill (only what the conversation cache lacks) and sample the first token."""
+        seq = self.begin(prompt_ids, params, session_id, key)
+        return seq, self.prefill(seq)
+
+    def begin(self, prompt_ids: list[int], params: SamplingParams, session_id: str | None = None,
+              key: str = "") -> Sequence:
+        """A sequence for this prompt, holding the conversation's cache; nothing computed yet."""
         seq = Sequence(
             key=key,
             prompt_ids=list(prompt_ids),
@@ -249,14 +259,27 @@ class Engine:
         seq.cache, seq.cached = self._session_cache(session_id, prompt_ids)
         if seq.budget == 0:
             seq.reason = FinishReason.LENGTH
-            return seq, None
-        logits = self.decoder.forward(torch.tensor(prompt_ids[seq.cached :]), seq.cache)  # [V]
-        return seq, self._emit(seq, sample(logits, params, seq.history, seq.generator))
+        else:
+            seq.pending = list(prompt_ids[seq.cached :])
+        return seq
+
+    @torch.no_grad()
+    def prefill(self, seq: Sequence, max_tokens: int | None = None) -> Step | None:
+        """Prefill up to ``max_tokens`` (default: all) of the prompt; once it is all in the
+        cache, sample the first token and return its step."""
+        if not seq.pending:
+            return None
+        n = len(seq.pending) if max_tokens is None else max(1, max_tokens)
+        chunk, seq.pending = seq.pending[:n], seq.pending[n:]
+        logits = self.decoder.forward(torch.tensor(chunk), seq.cache)  # [V]: the chunk's last token
+        if seq.pending:
+            return None
+        return self._emit(seq, sample(logits, seq.params, seq.history, seq.generator))
 
     @torch.no_grad()
     def step(self, seqs: list[Sequence]) -> list[tuple[Sequence, Step]]:
-        """One decode step for every unfinished sequence, batched; the new tokens' steps."""
-        live = [s for s in seqs if s.reason is None]
+        """One decode step for every unfinished, prefilled sequence, batched; the new tokens' steps."""
+        live = [s for s in seqs if s.reason is None and not s.pending]
         if not live:
             return []
         tokens = torch.tensor([s.generated[-1] for s in live])  # [B]

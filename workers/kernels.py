@@ -30,7 +30,8 @@ class Kernel:
     activation: str  # "float32" | "bfloat16": the model's compute dtype with this kernel
     int8: bool  # lossy int8 weights: only with --quantize int8
     shared: bool  # False: each worker keeps a private packed copy of the weights
-    prefill_paths: tuple[str, ...]  # "same" (the decode kernel on many rows) or "widen-<dtype>" (one GEMM)
+    prefill_paths: tuple[str, ...]  # "same" (the decode kernel on many rows), "widen-<dtype>" (one
+    # GEMM on widened weights), "ort-fp32" (onnxruntime, fp32 activations): measured, the fastest kept
     describe: str
     passive_omp: bool = False  # torch's OpenMP threads must sleep when idle (see set_thread_env)
 
@@ -50,7 +51,7 @@ KERNELS: dict[str, Kernel] = {k.name: k for k in (
            prefill_paths=("widen-fp32", "widen-bf16"),
            describe="int8 weights per channel, fp32 activations (aten._weight_int8pack_mm)"),
     Kernel("int8-ort", "int8-b32", "float32", int8=True, shared=False,
-           prefill_paths=("same", "widen-fp32", "widen-bf16"), passive_omp=True,
+           prefill_paths=("ort-fp32", "widen-fp32", "widen-bf16"), passive_omp=True,
            describe="int8 weights in blocks of 32, activations quantized per block (onnxruntime MatMulNBits)"),
 )}
 

@@ -11,6 +11,7 @@ next to the matmul.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import torch
@@ -59,7 +60,7 @@ def build_linear(kernel: Kernel, packed: Packed, prefill: str, bias: torch.Tenso
         raise ValueError(f"kernel {kernel.name} has no prefill path {prefill!r} ({', '.join(kernel.prefill_paths)})")
     dtype = dtype_of(kernel)
     decode = _DECODE[kernel.name](packed, threads)
-    return Linear(decode, prefill_path(packed, prefill, decode), dtype, bias.to(dtype) if bias is not None else None, packed,
+    return Linear(decode, prefill_path(packed, prefill, decode, threads), dtype, bias.to(dtype) if bias is not None else None, packed,
                   private=not kernel.shared)
 
 
@@ -89,8 +90,11 @@ def _in_features(packed: Packed) -> int:
     return w.shape[1] * w.shape[2] if w.dim() == 3 else w.shape[1]
 
 
-def prefill_path(packed: Packed, path: str, decode: Matmul) -> Matmul:
-    """"same": the decode kernel on many rows; "widen-<dtype>": one GEMM on widened weights."""
+def prefill_path(packed: Packed, path: str, decode: Matmul, threads: int = 1) -> Matmul:
+    """"same": the decode kernel on many rows; "widen-<dtype>": one GEMM on widened weights;
+    "ort-fp32": onnxruntime on the int8 blocks with fp32 activations."""
+    if path == "ort-fp32":
+        return _ort_int8(packed, threads, quantize_activations=False)
     return decode if path == "same" else _widen(packed, _WIDEN[path])
 
 
@@ -117,9 +121,14 @@ def _int8pack(dtype: torch.dtype) -> Callable[[Packed, int], Matmul]:
     return make
 
 
-def _ort_int8(packed: Packed, threads: int) -> Matmul:
-    """One onnxruntime session holding one ``MatMulNBits`` node (8 bits, blocks of 32,
-    ``accuracy_level=4``: activations quantized per block, int8 dot products).
+def _ort_int8(packed: Packed, threads: int, quantize_activations: bool = True) -> Matmul:
+    """One onnxruntime session holding one ``MatMulNBits`` node (8 bits, blocks of 32).
+
+    For decode, ``accuracy_level=4``: activations are quantized per block too and the dot
+    products run in int8 (fast; a decode row rarely carries outliers). A prompt's first
+    tokens do (the "attention sink" rows' huge activations), and quantizing those per block
+    derailed the bundled model's greedy answers; so prefill takes ``accuracy_level=1``:
+    fp32 activations against the int8 weights.
 
     Its threads must not spin: between two calls torch runs the small ops on its own pool,
     and two pools spinning on two cores starve each other (measured: 0.4 tok/s).
@@ -132,7 +141,7 @@ def _ort_int8(packed: Packed, threads: int) -> Matmul:
     n, blocks, _ = q.shape
     k = blocks * ORT_BLOCK
     node = helper.make_node("MatMulNBits", ["x", "w", "s"], ["y"], domain="com.microsoft",
-                            K=k, N=n, bits=8, block_size=ORT_BLOCK, accuracy_level=4)
+                            K=k, N=n, bits=8, block_size=ORT_BLOCK, accuracy_level=4 if quantize_activations else 1)
     graph = helper.make_graph(
         [node], "linear",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", k])],

@@ -5,8 +5,10 @@ OpenMP runtime) is inherited. The thread budget has to be set before torch is im
 which is why torch and everything that imports it are imported inside ``run_worker``.
 
 While generating, the loop reads the pipe between two decode steps without blocking: a new
-request is prefilled and joins the batch, a ``Cancel`` ends its request before the next
-step (so Stop takes effect within one decode step), ``Shutdown`` ends the loop.
+request joins the batch, a ``Cancel`` ends its request before the next step (so Stop takes
+effect within one decode step), ``Shutdown`` ends the loop. A new prompt is prefilled in
+chunks between decode steps, each sized to cost about one decode step (``ChunkSize``), so
+one user's long prompt delays the others' next tokens by about one step, not by seconds.
 """
 
 from __future__ import annotations
@@ -127,15 +129,42 @@ def warm_up(engine, tokens: int) -> None:
         engine.finish(seq)
 
 
+@dataclass
+class ChunkSize:
+    """How many prompt tokens to prefill between two decode steps: about one step's worth.
+
+    Adjusted from what the last chunk cost against the last decode step — doubled when it
+    took under half a step, halved when it took over one and a half — so it settles on the
+    size this model, kernel and CPU prefill in one step's time, whatever they are.
+    """
+
+    tokens: int = 32
+    least: int = 8
+    most: int = 1024
+    step_s: float = 0.0  # the latest decode step's duration
+
+    def update(self, chunk_tokens: int, chunk_s: float) -> None:
+        if not self.step_s or chunk_tokens < self.tokens:  # a prompt's short tail says nothing
+            return
+        if chunk_s < 0.5 * self.step_s:
+            self.tokens = min(self.most, self.tokens * 2)
+        elif chunk_s > 1.5 * self.step_s:
+            self.tokens = max(self.least, self.tokens // 2)
+
+
 class Batch:
-    """The requests this worker is generating, stepped together; sends what each produces."""
+    """The requests this worker is generating, stepped together; sends what each produces.
+
+    ``active`` holds every admitted request; those still prefilling are stepped in order,
+    one chunk per loop, while the prefilled ones decode together."""
 
     def __init__(self, engine, conn, worker_id: int) -> None:
         self.engine, self.conn, self.worker_id = engine, conn, worker_id
         self.active: dict[str, object] = {}  # request_id -> workers.engine.Sequence
+        self.chunk = ChunkSize()
 
     def admit(self, req: Generate) -> None:
-        """Build the prompt, prefill, send the first token; refusals go back as Failed."""
+        """Build the prompt and queue it for prefill; refusals go back as Failed."""
         from workers.engine import PromptTooLong
 
         rid = req.request_id
@@ -147,15 +176,28 @@ class Batch:
         if prompt.dropped_turns:
             self.conn.send(Notice(rid, f"The conversation is longer than the context window: its oldest "
                                        f"{prompt.dropped_turns} messages were left out of this reply's prompt."))
-        seq, first = self.engine.start(prompt.ids, req.params, req.session_id, key=rid)
-        self.active[rid] = seq
-        if first is not None:
-            self._send(seq, first)
-        self._finish_done()
+        self.active[rid] = self.engine.begin(prompt.ids, req.params, req.session_id, key=rid)
+        self._finish_done()  # a prompt that leaves no room for a reply ends here
 
     def step(self) -> None:
-        for seq, step in self.engine.step(list(self.active.values())):
-            self._send(seq, step)
+        """One decode step for the prefilled requests, then one prefill chunk for the oldest
+        request still prefilling (all of it when nobody is waiting for tokens)."""
+        seqs = list(self.active.values())
+        decoding = [s for s in seqs if not s.pending]
+        if decoding:
+            started = time.perf_counter()
+            for seq, step in self.engine.step(decoding):
+                self._send(seq, step)
+            self.chunk.step_s = time.perf_counter() - started
+        prefilling = next((s for s in seqs if s.pending and s.reason is None), None)
+        if prefilling is not None:
+            size = min(self.chunk.tokens, len(prefilling.pending)) if decoding else None
+            started = time.perf_counter()
+            first = self.engine.prefill(prefilling, size)
+            if size is not None:
+                self.chunk.update(size, time.perf_counter() - started)
+            if first is not None:
+                self._send(prefilling, first)
         self._finish_done()
 
     def cancel(self, rid: str) -> None:

@@ -1,0 +1,67 @@
+"""A long prompt is prefilled in chunks between decode steps: the other replies in its
+worker keep coming while it prefills (one real worker, the bundled model)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import time
+
+import pytest
+
+from tests.pool import Pool
+from workers.cores import plan_layout
+from workers.protocol import ChatMessage, Chunk, Done, SamplingParams
+
+STREAMING = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=400)
+SHORT = SamplingParams(temperature=0.0, max_new_tokens=8)
+LONG_PROMPT_TOKENS = 1000
+
+
+@pytest.fixture()
+def one_worker(bundled_source):
+    layout = plan_layout([(min(os.sched_getaffinity(0)),)], workers=1, threads_per_worker=1)
+    pool = Pool(bundled_source, layouts=layout)
+    yield pool.dispatcher, pool.run
+    pool.close()
+
+
+def long_prompt(tokenizer) -> str:
+    text = " ".join(f"Note {i}: the river flows past the old mill and the bakery on the hill." for i in range(200))
+    return tokenizer.decode(tokenizer(text).input_ids[:LONG_PROMPT_TOKENS])
+
+
+def test_another_users_reply_keeps_coming_while_a_long_prompt_prefills(one_worker, bundled_tokenizer):
+    dispatcher, run = one_worker
+
+    async def scenario():
+        arrivals: list[tuple[float, int]] = []  # the streaming reply's chunks: (time, tokens so far)
+
+        async def stream():
+            async for event in dispatcher.stream([ChatMessage("user", "Count from 1 to 500, one per line.")], STREAMING):
+                if isinstance(event, Chunk):
+                    arrivals.append((time.monotonic(), event.tokens))
+
+        streaming = asyncio.create_task(stream())
+        while len(arrivals) < 30:
+            await asyncio.sleep(0.01)
+        sent = time.monotonic()
+        first = done = None
+        async for event in dispatcher.stream([ChatMessage("user", long_prompt(bundled_tokenizer))], SHORT):
+            first = first or (time.monotonic() if isinstance(event, Chunk) else None)
+            done = event if isinstance(event, Done) else done
+        streaming.cancel()
+        return arrivals, sent, first, done
+
+    arrivals, sent, first, done = run(scenario(), timeout=300)
+    before = [(t1 - t0) / (n1 - n0) for (t0, n0), (t1, n1) in zip(arrivals, arrivals[1:], strict=False)
+              if n1 > n0 and t1 <= sent]
+    usual = statistics.median(before)
+    during = [t1 - t0 for (t0, _), (t1, _) in zip(arrivals, arrivals[1:], strict=False) if sent <= t1 <= first]
+    assert done is not None and done.metrics.prompt_tokens >= LONG_PROMPT_TOKENS
+    assert first - sent > 8 * usual  # the prefill is long: in one piece it would be a visible freeze
+    assert len(during) >= 5  # the stream kept moving through it
+    print(f"\nusual {usual * 1000:.1f} ms/token, prefill {(first - sent) * 1000:.0f} ms, "
+          f"longest gap meanwhile {max(during) * 1000:.1f} ms ({max(during) / usual:.1f}x)")
+    assert max(during) <= 3 * usual
