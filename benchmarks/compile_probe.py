@@ -45,7 +45,8 @@ def main() -> int:
     from workers.weights import load, prepare
 
     model = str(qwen_shape.build(CACHE / "qwen1.5-0.5b-shape", resolve_model("bundled", CACHE).path))
-    decoder = Transformer(*load(prepare(model, "bfloat16", "int8", CACHE)))
+    args, kernel, tensors = load(prepare(model, "int8pack-bf16", CACHE))
+    decoder = Transformer(args, tensors, kernel)
     eager = [decode_tok_s(decoder, decoder.forward_batch) for _ in range(3)]
     compiled_step = torch.compile(decoder.forward_batch, dynamic=True)
     started = time.perf_counter()

@@ -46,6 +46,9 @@ def main(spec: dict) -> dict:
     result["decode_tok_s"] = [DECODE_TOKENS / runner.decode(DECODE_TOKENS) for _ in range(spec["repeats"])]
     if isinstance(runner, Lean):
         result["kernel"] = runner.kernel
+        result["private_weight_bytes"] = runner.decoder.private_weight_bytes
+        if spec.get("chunked_prefill"):
+            result["chunked_prefill"] = [runner.chunked_prefill() for _ in range(spec["repeats"])]
         result["turn_ttft_ms"] = {
             "with_cache": [runner.conversation(reuse=True) for _ in range(spec["repeats"])],
             "without_cache": [runner.conversation(reuse=False) for _ in range(spec["repeats"])],
@@ -143,6 +146,50 @@ class Lean:
             for lin, x in zip(linears, inputs, strict=True):
                 lin(x)
         return (time.perf_counter() - started) / 10
+
+    def chunked_prefill(self, prompt_tokens: int = 1000) -> dict:
+        """One reply decoding in the worker's own batch loop when a ``prompt_tokens`` prompt
+        arrives: the reply's usual ms per token, its longest gap while the prompt prefills
+        in chunks, and what that prefill costs in chunks and in one piece (the gap there
+        would be without chunking)."""
+        from workers.engine import Engine
+        from workers.process import Batch
+        from workers.protocol import ChatMessage, Chunk, Generate, SamplingParams
+
+        class Timeline:  # stands in for the pipe: what the worker sends, when
+            def __init__(self) -> None:
+                self.sent: list[tuple[float, object]] = []
+
+            def send(self, msg) -> None:
+                self.sent.append((time.perf_counter(), msg))
+
+        def chunks(rid: str) -> list[tuple[float, int]]:
+            return [(t, m.tokens) for t, m in conn.sent if isinstance(m, Chunk) and m.request_id == rid]
+
+        conn = Timeline()
+        batch = Batch(Engine(self.decoder, self.tokenizer, set()), conn, 0)  # no stop ids: runs to its budget
+        params = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=2000)
+        batch.admit(Generate("reply", (ChatMessage("user", "Hello"),), params))
+        while len(chunks("reply")) < 30:
+            batch.step()
+        text = self.tokenizer.decode(self.torch.randint(100, 40000, (prompt_tokens,)).tolist())
+        long_ids = self.tokenizer(text).input_ids[:prompt_tokens]
+        sent = time.perf_counter()
+        batch.admit(Generate("long", (ChatMessage("user", self.tokenizer.decode(long_ids)),),
+                             SamplingParams(temperature=0.0, max_new_tokens=2)))
+        while not chunks("long"):
+            batch.step()
+        first = chunks("long")[0][0]
+        before = [(t1 - t0) / (n1 - n0) for (t0, n0), (t1, n1) in zip(chunks("reply"), chunks("reply")[1:])
+                  if n1 > n0 and t1 <= sent]
+        during = [t1 - t0 for (t0, _), (t1, _) in zip(chunks("reply"), chunks("reply")[1:]) if sent <= t1 <= first]
+        started = time.perf_counter()
+        self.decoder.forward(self.torch.tensor(long_ids), self.decoder.new_cache())
+        one_piece = time.perf_counter() - started
+        usual = sorted(before)[len(before) // 2]
+        return {"usual_ms_per_token": usual * 1000, "longest_gap_ms": max(during) * 1000,
+                "longest_gap_x": max(during) / usual, "prefill_chunked_ms": (first - sent) * 1000,
+                "prefill_one_piece_ms": one_piece * 1000, "chunk_tokens": batch.chunk.tokens}
 
     def conversation(self, reuse: bool) -> list[float]:
         """TTFT (ms) of each turn; each turn adds a user message and a forced reply to the history.

@@ -1,15 +1,24 @@
-"""The benchmark: ``python -m benchmarks.run`` (needs no network; ~15 minutes on 2 cores).
+"""The benchmark: ``python -m benchmarks.run`` (needs no network; ~25 minutes on 2 cores).
 
 Serves the Qwen1.5-0.5B shape (random weights, same cost per token as the real model) and
 the bundled SmolLM2, and reports every figure as a ratio to the seeds' baseline —
 transformers ``generate``, fp32, default threads — measured in the same run, as median
-with min–max over repeats. Writes results.json, results.md and PNG plots to --out.
+with min–max over repeats. The lean decoder runs with the app's own measured kernel choice
+("auto") and with each candidate kernel forced, so the choice can be checked against the
+alternatives. Results go to ``benchmarks/results/<CPU class>/`` (results.json, results.md,
+benchmark.png), with the CPU model and flags: figures from one CPU never stand for another.
+
+    python -m benchmarks.run                                          # this CPU as it is
+    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python -m benchmarks.run --skip-serve
+                        # torch's and oneDNN's AVX2 code paths on an AVX512 machine ("emulated");
+                        # fbgemm and onnxruntime still pick their kernels by CPUID
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -24,14 +33,15 @@ ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path.home() / ".cache" / "cpu-chat"
 
 BASELINE = "seeds: HF generate fp32"
+AUTO = "lean, measured choice (the app's default)"
+KERNEL_ROWS = ("fp32", "bf16", "fp16-fbgemm", "int8pack-bf16", "int8pack-fp32", "int8-ort")
 ENGINES = [  # label, spec (threads None = torch's default)
     (BASELINE, {"engine": "hf-generate", "dtype": "float32", "threads": None}),
     ("HF generate bf16", {"engine": "hf-generate", "dtype": "bfloat16", "threads": 2}),
-    ("lean bf16, 1 thread", {"engine": "lean", "dtype": "bfloat16", "quantize": "none", "threads": 1}),
-    ("lean bf16, 2 threads", {"engine": "lean", "dtype": "bfloat16", "quantize": "none", "threads": 2}),
-    ("lean int8, 1 thread", {"engine": "lean", "dtype": "bfloat16", "quantize": "int8", "threads": 1}),
-    ("lean int8, 2 threads", {"engine": "lean", "dtype": "bfloat16", "quantize": "int8", "threads": 2}),
+    (AUTO, {"engine": "lean", "kernel": "auto", "threads": 2, "chunked_prefill": True}),
+    *((f"lean, {k} forced", {"engine": "lean", "kernel": k, "threads": 2}) for k in KERNEL_ROWS),
 ]
+CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
 
 
 def run_engine(spec: dict) -> dict:
@@ -43,17 +53,19 @@ def run_engine(spec: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    p.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/<CPU class>")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--skip-serve", action="store_true", help="engine figures only")
     args = p.parse_args(argv)
+    machine = _machine()
+    args.out = args.out or ROOT / "benchmarks" / "results" / machine["cpu_class"]
     args.out.mkdir(parents=True, exist_ok=True)
 
     from workers.loader import resolve_model
 
     bundled = resolve_model("bundled", CACHE)
     qwen = str(qwen_shape.build(CACHE / "qwen1.5-0.5b-shape", bundled.path))
-    results: dict = {"machine": {"python": platform.python_version(), "cpus": _cpus()}, "started": time.ctime()}
+    results: dict = {"machine": machine, "started": time.ctime()}
 
     engines = {}
     for label, spec in ENGINES:
@@ -64,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     results["bundled"] = {
         BASELINE: run_engine({"engine": "hf-generate", "dtype": "float32", "threads": None, "model": bundled.path,
                               "repeats": args.repeats, "cache_dir": str(CACHE)}),
-        "lean int8, 2 threads": run_engine({"engine": "lean", "dtype": "bfloat16", "quantize": "int8", "threads": 2,
-                                            "model": bundled.path, "repeats": args.repeats, "cache_dir": str(CACHE)}),
+        AUTO: run_engine({"engine": "lean", "kernel": "auto", "threads": 2, "model": bundled.path,
+                          "repeats": args.repeats, "cache_dir": str(CACHE)}),
     }
 
     if not args.skip_serve:
@@ -75,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                 for batch in (1, 4):  # one reply per worker at a time (before batching), and batched
                     print(f"serve: {workers} worker(s) × {threads} thread(s), batch {batch} ...", flush=True)
                     layouts[f"{workers}x{threads} b{batch}"] = serve_bench.measure_layout(
-                        Path(tmp), qwen, workers, threads, batch, "int8", [1, 2, 4], 64, args.repeats)
+                        Path(tmp), qwen, workers, threads, batch, [1, 2, 4], 64, args.repeats)
             results["serve"] = layouts
             print("start-up: bundled model, warm ...", flush=True)
             results["startup_s"] = [serve_bench.startup_seconds(Path(tmp), "bundled") for _ in range(args.repeats)]
@@ -88,11 +100,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _cpus() -> str:
-    try:
-        return next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor()
+def _machine() -> dict:
+    """The CPU model and the flags that decide which kernels are fast, and the class the
+    results are filed under: the flags' own, or "<flags>-as-avx2" when torch and oneDNN were
+    held to AVX2 on a bigger CPU (fbgemm and onnxruntime still see the real CPU)."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    model = next((l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("model name")),
+                 platform.processor())
+    flags = set(next((l.split(":", 1)[1].split() for l in info.splitlines() if l.startswith("flags")), []))
+    native = ("amx" if "amx_bf16" in flags else "avx512-bf16" if "avx512_bf16" in flags
+              else "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "other")
+    forced = {v: os.environ[v] for v in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA") if v in os.environ}
+    cpu_class = f"{native}-as-avx2" if forced.get("ATEN_CPU_CAPABILITY", "").lower() == "avx2" and native != "avx2" \
+        else native
+    return {"python": platform.python_version(), "cpus": model, "cores": os.cpu_count(),
+            "flags": sorted(flags & set(CPU_FLAGS)), "isa_limits": forced, "cpu_class": cpu_class}
 
 
 def summarize(results: dict) -> dict:
@@ -104,7 +126,11 @@ def summarize(results: dict) -> dict:
     for label, r in engines.items():
         decode = Summary.of(r["decode_tok_s"])
         row = {"config": label, "threads": r["threads"], "decode_tok_s": decode.dict(),
-               "decode_x": decode.ratio_to(base_decode).dict()}
+               "decode_x": decode.ratio_to(base_decode).dict(), "kernel": r.get("kernel"),
+               "private_weight_mb": round(r.get("private_weight_bytes", 0) / 2**20)}
+        if "chunked_prefill" in r:
+            row["chunked_prefill"] = {key: Summary.of([run[key] for run in r["chunked_prefill"]]).dict()
+                                      for key in r["chunked_prefill"][0]}
         for length, values in r["prefill_ms"].items():
             s = Summary.of(values)
             row[f"prefill_{length}_ms"] = s.dict()
@@ -123,11 +149,12 @@ def summarize(results: dict) -> dict:
             row["weight_gb_per_s_at_floor"] = round(r["weight_bytes_per_token"] / floor.median / 1e6, 1)
             row["step_overhead_ms"] = round(1000 / decode.median - floor.median, 2)
         rows.append(row)
-    report = {"engines": rows}
+    report = {"engines": rows, "machine": results["machine"]}
     bundled = results["bundled"]
     b_base = Summary.of(bundled[BASELINE]["decode_tok_s"])
-    b_lean = Summary.of(bundled["lean int8, 2 threads"]["decode_tok_s"])
-    report["bundled"] = {"baseline_decode_tok_s": b_base.dict(), "lean_int8_decode_tok_s": b_lean.dict(),
+    b_lean = Summary.of(bundled[AUTO]["decode_tok_s"])
+    report["bundled"] = {"baseline_decode_tok_s": b_base.dict(), "lean_auto_decode_tok_s": b_lean.dict(),
+                         "kernel": bundled[AUTO].get("kernel"),
                          "decode_x": b_lean.ratio_to(b_base).dict()}
     if "serve" in results:
         serve = {}
@@ -156,11 +183,21 @@ def _fmt(s: dict) -> str:
     return f"{s['median']:.2f} ({s['min']:.2f}–{s['max']:.2f})"
 
 
+def _kernel(r: dict) -> str:
+    k = r.get("kernel")
+    return f"{k['decode']} / {k['prefill']}" if k else "transformers"
+
+
 def markdown(report: dict) -> str:
-    lines = ["| config | threads | prefill 64 ms | × | prefill 512 ms | × | decode tok/s | × |",
-             "|---|---|---|---|---|---|---|---|"]
+    m = report["machine"]
+    limits = ", ".join(f"{k}={v}" for k, v in m["isa_limits"].items())
+    lines = [f"CPU: {m['cpus']} ({m['cores']} cores), flags {' '.join(m['flags'])}"
+             + (f"; torch/oneDNN limited with {limits} (fbgemm and onnxruntime still see the real CPU)" if limits else ""),
+             f"Class: {m['cpu_class']}. Every ratio is to the seeds' baseline measured in this same run; median (min–max).", "",
+             "| config | kernels (decode / prefill) | threads | prefill 64 ms | × | prefill 512 ms | × | decode tok/s | × |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in report["engines"]:
-        lines.append(f"| {r['config']} | {r['threads']} | {_fmt(r['prefill_64_ms'])} | {_fmt(r['prefill_64_x'])} | "
+        lines.append(f"| {r['config']} | {_kernel(r)} | {r['threads']} | {_fmt(r['prefill_64_ms'])} | {_fmt(r['prefill_64_x'])} | "
                      f"{_fmt(r['prefill_512_ms'])} | {_fmt(r['prefill_512_x'])} | {_fmt(r['decode_tok_s'])} | "
                      f"{_fmt(r['decode_x'])} |")
     lines += ["", "Where a lean decode step goes (the matmuls alone vs the whole step):", "",
@@ -170,15 +207,24 @@ def markdown(report: dict) -> str:
         if "matmul_floor_ms" in r:
             lines.append(f"| {r['config']} | {r['weight_mb_per_token']} | {_fmt(r['matmul_floor_ms'])} | "
                          f"{r['weight_gb_per_s_at_floor']} | {r['matmul_floor_tok_s']} | {r['step_overhead_ms']} |")
-    lean = next(r for r in report["engines"] if r["config"] == "lean int8, 2 threads")
-    lines += ["", "Turn TTFT (ms), lean int8 2 threads, 5-turn conversation (~600 tokens by turn 5):", "",
+    lean = next(r for r in report["engines"] if r["config"] == AUTO)
+    c = lean["chunked_prefill"]
+    lines += ["", f"Chunked prefill ({_kernel(lean)}): while a 1,000-token prompt prefills in the same worker "
+                  f"(chunks of ~{c['chunk_tokens']['median']:.0f} tokens), another reply's longest gap between tokens is "
+                  f"{_fmt(c['longest_gap_ms'])} ms = {_fmt(c['longest_gap_x'])}× its usual "
+                  f"{_fmt(c['usual_ms_per_token'])} ms per token; the prompt takes {_fmt(c['prefill_chunked_ms'])} ms "
+                  f"in chunks, {_fmt(c['prefill_one_piece_ms'])} ms in one piece (the freeze there would be without chunks)."]
+    private = [f"{r['config']}: {r['private_weight_mb']} MB" for r in report["engines"] if r.get("private_weight_mb")]
+    lines += ["", "Packed weights each worker holds privately (kernels that cannot read the shared weights map): "
+                  + ("; ".join(private) if private else "none") + "."]
+    lines += ["", f"Turn TTFT (ms), {AUTO}, 5-turn conversation (~600 tokens by turn 5):", "",
               "| | " + " | ".join(f"turn {i + 1}" for i in range(5)) + " | turn 5 / turn 1 |",
               "|---|" + "---|" * 6]
     for key in ("with_cache", "without_cache"):
         cells = " | ".join(_fmt(s) for s in lean[f"turn_ttft_ms_{key}"])
         lines.append(f"| {key.replace('_', ' ')} | {cells} | {_fmt(lean[f'turn5_over_turn1_{key}'])} |")
     b = report["bundled"]
-    lines += ["", f"Bundled SmolLM2-135M: lean int8 {_fmt(b['lean_int8_decode_tok_s'])} tok/s vs seeds' fp32 "
+    lines += ["", f"Bundled SmolLM2-135M: lean, measured choice ({b['kernel']}) {_fmt(b['lean_auto_decode_tok_s'])} tok/s vs seeds' fp32 "
                   f"{_fmt(b['baseline_decode_tok_s'])}: {_fmt(b['decode_x'])}×"]
     if "serve" in report:
         s = report["serve"]
@@ -216,7 +262,7 @@ def plot(report: dict, out: Path) -> None:
     axes[0].set_xlabel("decode tokens/s, batch 1 (Qwen1.5-0.5B shape)")
     for i, r in enumerate(rows):
         axes[0].text(decode[i], i, f" {r['decode_x']['median']:.1f}×", va="center")
-    lean = next(r for r in rows if r["config"] == "lean int8, 2 threads")
+    lean = next(r for r in rows if r["config"] == AUTO)
     for key, style in (("with_cache", "-o"), ("without_cache", "--s")):
         axes[1].plot(range(1, 6), [s["median"] for s in lean[f"turn_ttft_ms_{key}"]], style, label=key.replace("_", " "))
     axes[1].set_xlabel("conversation turn")

@@ -43,10 +43,10 @@ def memory_kib(pid: int) -> dict[str, int]:
     return {"rss_kib": fields["Rss"], "pss_kib": fields["Pss"]}
 
 
-def measure_layout(tmp: Path, model: str, workers: int, threads: int, max_batch: int, quantize: str,
+def measure_layout(tmp: Path, model: str, workers: int, threads: int, max_batch: int,
                    concurrency: list[int], max_tokens: int, repeats: int) -> dict:
     app = start_app(tmp, "--model", model, "--workers", str(workers), "--threads-per-worker", str(threads),
-                    "--max-batch", str(max_batch), "--quantize", quantize, "--dtype", "bfloat16",
+                    "--max-batch", str(max_batch),
                     "--log-level", "warning")
     try:
         stream_tokens(app.url, 8, 0)  # warm-up

@@ -271,7 +271,7 @@ class Engine:
             return None
         n = len(seq.pending) if max_tokens is None else max(1, max_tokens)
         chunk, seq.pending = seq.pending[:n], seq.pending[n:]
-        logits = self.decoder.forward(torch.tensor(chunk), seq.cache)  # [V]: the chunk's last token
+        logits = self.decoder.forward(torch.tensor(chunk), seq.cache, logits=not seq.pending)  # [V]
         if seq.pending:
             return None
         return self._emit(seq, sample(logits, seq.params, seq.history, seq.generator))

@@ -35,11 +35,12 @@ class HFDecoder:
         return HFCache(self.model.config)
 
     @torch.no_grad()
-    def forward(self, ids: torch.Tensor, cache: HFCache) -> torch.Tensor:
-        """New token ids [S] after the cached ones → logits of the last position, [V] fp32."""
+    def forward(self, ids: torch.Tensor, cache: HFCache, logits: bool = True) -> torch.Tensor | None:
+        """New token ids [S] after the cached ones → logits of the last position, [V] fp32
+        (None when ``logits`` is False: a prompt chunk that is not the last)."""
         out = self.model(input_ids=ids.unsqueeze(0), cache=cache.inner, use_cache=True, logits_to_keep=1)
         cache.length += ids.shape[0]
-        return out.logits[0, -1].float()
+        return out.logits[0, -1].float() if logits else None
 
     def forward_batch(self, tokens: torch.Tensor, caches: list[HFCache]) -> torch.Tensor:
         """One token for each sequence, tokens [B] → logits [B, V]; one forward each (correct, not faster)."""

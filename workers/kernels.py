@@ -21,6 +21,8 @@ import os
 from dataclasses import dataclass
 
 ORT_BLOCK = 32  # onnxruntime int8: one scale per 32 weights of a row (like llama.cpp's q8_0)
+PREFILL_FROM_ROWS = 32  # a prompt of this many tokens at once takes the prefill path; fewer (a chunk
+# between decode steps) take the decode path, which has no per-call cost of widening the weights
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class Kernel:
     # GEMM on widened weights), "ort-fp32" (onnxruntime, fp32 activations): measured, the fastest kept
     describe: str
     passive_omp: bool = False  # torch's OpenMP threads must sleep when idle (see set_thread_env)
+    quantizes_activations: bool = False  # decode path rounds activations: never used for a prompt
 
 
 KERNELS: dict[str, Kernel] = {k.name: k for k in (
@@ -51,7 +54,7 @@ KERNELS: dict[str, Kernel] = {k.name: k for k in (
            prefill_paths=("widen-fp32", "widen-bf16"),
            describe="int8 weights per channel, fp32 activations (aten._weight_int8pack_mm)"),
     Kernel("int8-ort", "int8-b32", "float32", int8=True, shared=False,
-           prefill_paths=("ort-fp32", "widen-fp32", "widen-bf16"), passive_omp=True,
+           prefill_paths=("ort-fp32",), passive_omp=True, quantizes_activations=True,
            describe="int8 weights in blocks of 32, activations quantized per block (onnxruntime MatMulNBits)"),
 )}
 

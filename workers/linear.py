@@ -17,9 +17,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from workers.kernels import ORT_BLOCK, Kernel
-
-PREFILL_FROM_ROWS = 32  # from this many rows at once a linear takes its prefill path
+from workers.kernels import ORT_BLOCK, PREFILL_FROM_ROWS, Kernel
 
 Packed = dict[str, torch.Tensor]  # a linear's stored tensors: "w" and, for int8, "s"
 Matmul = Callable[[torch.Tensor], torch.Tensor]  # rows [M, K] -> [M, N]
@@ -60,27 +58,35 @@ def build_linear(kernel: Kernel, packed: Packed, prefill: str, bias: torch.Tenso
         raise ValueError(f"kernel {kernel.name} has no prefill path {prefill!r} ({', '.join(kernel.prefill_paths)})")
     dtype = dtype_of(kernel)
     decode = _DECODE[kernel.name](packed, threads)
-    return Linear(decode, prefill_path(packed, prefill, decode, threads), dtype, bias.to(dtype) if bias is not None else None, packed,
-                  private=not kernel.shared)
+    prefill_fn = prefill_path(packed, prefill, decode, threads)
+    return Linear(decode, prefill_fn, prefill_fn if kernel.quantizes_activations else decode, dtype,
+                  bias.to(dtype) if bias is not None else None, packed, private=not kernel.shared)
 
 
 class Linear:
-    """``y = x W^T (+ b)``: the decode path for a few rows, the prefill path for many.
+    """``y = x W^T (+ b)`` on the path for the job: decode steps take the decode path; a
+    prompt of ``PREFILL_FROM_ROWS`` tokens or more the prefill path; a shorter prompt chunk
+    (chunked prefill between decode steps) ``few_rows``: the decode path too, unless that
+    rounds activations (a prompt's outliers need the prefill path's precision).
 
     Inputs and outputs are in the model's compute dtype; a path that computes in another
     dtype converts at its edges (cheap next to the matmul).
     """
 
-    def __init__(self, decode: Matmul, prefill: Matmul, dtype: torch.dtype, bias: torch.Tensor | None,
-                 packed: Packed, private: bool) -> None:
-        self.decode, self.prefill, self.dtype, self.bias, self.packed = decode, prefill, dtype, bias, packed
+    def __init__(self, decode: Matmul, prefill: Matmul, few_rows: Matmul, dtype: torch.dtype,
+                 bias: torch.Tensor | None, packed: Packed, private: bool) -> None:
+        self.decode, self.prefill, self.few_rows = decode, prefill, few_rows
+        self.dtype, self.bias, self.packed = dtype, bias, packed
         self.out_features, self.in_features = packed["w"].shape[0], _in_features(packed)
         self.nbytes = sum(t.numel() * t.element_size() for t in packed.values())
         self.private_bytes = self.nbytes if private else 0  # a packed copy of the worker's own
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., K] -> [..., N]
+    def __call__(self, x: torch.Tensor, prompt: bool = False) -> torch.Tensor:  # x: [..., K] -> [..., N]
         rows = x.reshape(-1, x.shape[-1])  # [M, K]
-        path = self.prefill if rows.shape[0] >= PREFILL_FROM_ROWS else self.decode
+        if not prompt:
+            path = self.decode
+        else:
+            path = self.prefill if rows.shape[0] >= PREFILL_FROM_ROWS else self.few_rows
         y = path(rows).to(self.dtype).reshape(*x.shape[:-1], -1)
         return y if self.bias is None else y + self.bias
 

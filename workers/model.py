@@ -170,9 +170,11 @@ class Transformer:
         return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.args.norm_eps)).to(self.dtype)
 
     @torch.no_grad()  # not inference_mode: tensors made here may be written in place later
-    def forward(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """One sequence: new token ids [S] after its ``cache.length`` cached ones → last logits [V] fp32."""
-        return self._run(ids.unsqueeze(0), [cache])[0]
+    def forward(self, ids: torch.Tensor, cache: KVCache, logits: bool = True) -> torch.Tensor | None:
+        """One sequence: new token ids [S] after its ``cache.length`` cached ones → last logits [V] fp32.
+        ``logits=False`` (a prompt chunk that is not the last) fills the cache and skips the lm_head."""
+        out = self._run(ids.unsqueeze(0), [cache], logits)
+        return out[0] if out is not None else None
 
     @torch.no_grad()
     def forward_batch(self, tokens: torch.Tensor, caches: list[KVCache]) -> torch.Tensor:
@@ -185,7 +187,7 @@ class Transformer:
         """
         return self._run(tokens.unsqueeze(1), caches)
 
-    def _run(self, ids: torch.Tensor, caches: list[KVCache]) -> torch.Tensor:
+    def _run(self, ids: torch.Tensor, caches: list[KVCache], logits: bool = True) -> torch.Tensor | None:
         """ids [B, S]: B = 1 (a prefill of S tokens) or S = 1 (a batched decode step)."""
         a = self.args
         B, S = ids.shape
@@ -196,23 +198,26 @@ class Transformer:
         # a new token sees the cached tokens and the new ones up to itself; one token sees all
         masks = [torch.ones(S, start + S, dtype=torch.bool).tril(start) if S > 1 else None for start in starts]
         H, Hkv, D = a.n_heads, a.n_kv_heads, a.head_dim
+        prompt = S > 1  # linears take their prompt paths (see workers.linear.Linear)
         x = self.embed[ids]  # [B, S, E]
         for i, layer in enumerate(self.layers):
             h = self._norm(x, layer.attn_norm)
-            qkv = layer.qkv(h).view(B, S, H + 2 * Hkv, D)
+            qkv = layer.qkv(h, prompt).view(B, S, H + 2 * Hkv, D)
             qk = _apply_rope(qkv[:, :, : H + Hkv], cos, sin)  # q and k heads rotated in one go
             q = qk[:, :, :H].transpose(1, 2)  # [B, H, S, D]
             k = qk[:, :, H:].transpose(1, 2)  # [B, Hkv, S, D]
             v = qkv[:, :, H + Hkv :].transpose(1, 2)
             o = torch.cat([_attend(caches[b], i, q[b : b + 1], k[b], v[b], starts[b], masks[b]) for b in range(B)])
-            x = x + layer.o(o.transpose(1, 2).reshape(B, S, H * D))  # o: [B, H, S, D]
+            x = x + layer.o(o.transpose(1, 2).reshape(B, S, H * D), prompt)  # o: [B, H, S, D]
             h = self._norm(x, layer.mlp_norm)
-            gate, up = layer.gate_up(h).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
+            gate, up = layer.gate_up(h, prompt).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up, prompt)
         for cache in caches:
             cache.length += S
+        if not logits:
+            return None
         x = self._norm(x[:, -1], self.norm)  # [B, E]
-        return self.lm_head(x).float()  # [B, V]
+        return self.lm_head(x).float()  # [B, V]: one row per sequence, the decode path
 
     @property
     def linears(self) -> list[Linear]:

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 from workers.cores import WorkerLayout
-from workers.kernels import set_thread_env
+from workers.kernels import PREFILL_FROM_ROWS, set_thread_env
 from workers.protocol import (
     Cancel,
     Chunk,
@@ -131,25 +131,24 @@ def warm_up(engine, tokens: int) -> None:
 
 @dataclass
 class ChunkSize:
-    """How many prompt tokens to prefill between two decode steps: about one step's worth.
+    """How many prompt tokens to prefill between two decode steps: about ``target`` of a step.
 
-    Adjusted from what the last chunk cost against the last decode step — doubled when it
-    took under half a step, halved when it took over one and a half — so it settles on the
-    size this model, kernel and CPU prefill in one step's time, whatever they are.
+    Each chunk's cost per token sets the next chunk's size (growing at most 2x at a time,
+    since small chunks cost more per token than large ones), so it settles on what this
+    model, kernel and CPU prefill in that time, whatever they are.
     """
 
-    tokens: int = 32
-    least: int = 8
-    most: int = 1024
+    tokens: int = 4  # the first chunk is small: a long one would be the very freeze chunking avoids
+    least: int = 4
+    most: int = PREFILL_FROM_ROWS - 1  # so chunks stay on the decode kernels, which cost no widening per call
+    target: float = 0.8  # of a decode step: the other replies then wait under two steps per token
     step_s: float = 0.0  # the latest decode step's duration
 
     def update(self, chunk_tokens: int, chunk_s: float) -> None:
-        if not self.step_s or chunk_tokens < self.tokens:  # a prompt's short tail says nothing
+        if not self.step_s or chunk_tokens < self.tokens or chunk_s <= 0:  # a prompt's short tail says little
             return
-        if chunk_s < 0.5 * self.step_s:
-            self.tokens = min(self.most, self.tokens * 2)
-        elif chunk_s > 1.5 * self.step_s:
-            self.tokens = max(self.least, self.tokens // 2)
+        wanted = int(self.target * self.step_s * chunk_tokens / chunk_s)
+        self.tokens = max(self.least, min(self.most, wanted, 2 * self.tokens))
 
 
 class Batch:
