@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from app.auth import Credentials, api_guard
-from app.dispatcher import Dispatcher, Queued, QueueFull
+from app.dispatcher import Dispatcher, Queued
 from app.startup import Startup
 from app.validation import (
     MAX_MESSAGE_CHARS,
@@ -42,7 +42,8 @@ from app.validation import (
 )
 from workers.protocol import ChatMessage, Chunk, Done, ErrorCode, Failed, Notice, SamplingParams
 
-STATUS_FOR = {ErrorCode.INVALID_REQUEST: 400, ErrorCode.UNAVAILABLE: 503, ErrorCode.INTERNAL: 500}
+STATUS_FOR = {ErrorCode.INVALID_REQUEST: 400, ErrorCode.BUSY: 503, ErrorCode.UNAVAILABLE: 503, ErrorCode.INTERNAL: 500}
+RETRY_AFTER_S = {ErrorCode.BUSY: 5}  # tells a client when trying again makes sense
 
 
 class MessageIn(BaseModel):
@@ -123,7 +124,7 @@ def usage(done: Done) -> dict:
     }
 
 
-def metrics(done: Done) -> dict:
+def reply_metrics(done: Done) -> dict:
     return {k: round(v, 2) if isinstance(v, float) else v for k, v in dataclasses.asdict(done.metrics).items()}
 
 
@@ -149,7 +150,7 @@ def build_router(dispatcher: Dispatcher, startup: Startup, defaults: SamplingPar
             "kernels": startup.kernels.report() if startup.kernels else None,
             "startup_error": state.error,
             "queue_depth": dispatcher.queue_depth,
-            "workers": dispatcher.describe(),
+            "workers": [dataclasses.asdict(w) for w in dispatcher.snapshot()],
         }
 
     @router.get("/v1/models", dependencies=protected)
@@ -167,12 +168,9 @@ def build_router(dispatcher: Dispatcher, startup: Startup, defaults: SamplingPar
             raise HTTPException(400, str(exc)) from exc
         events = dispatcher.stream(messages, req.sampling(defaults), req.session_id)
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
-        try:
-            first = await anext(events)  # queue-full and prompt errors become HTTP status codes
-        except QueueFull as exc:
-            raise HTTPException(503, str(exc), headers={"Retry-After": "5"}) from exc
+        first = await anext(events)  # a refusal (queue full, prompt too long) becomes an HTTP status
         if isinstance(first, Failed):
-            raise HTTPException(STATUS_FOR[first.code], first.message)
+            raise refusal(first)
         if req.stream:
             return StreamingResponse(
                 sse(completion_id, model_name(), first, events), media_type="text/event-stream"
@@ -180,6 +178,12 @@ def build_router(dispatcher: Dispatcher, startup: Startup, defaults: SamplingPar
         return await complete(completion_id, model_name(), first, events)
 
     return router
+
+
+def refusal(failed: Failed) -> HTTPException:
+    retry = RETRY_AFTER_S.get(failed.code)
+    return HTTPException(STATUS_FOR[failed.code], failed.message,
+                         headers={"Retry-After": str(retry)} if retry else None)
 
 
 async def _chain(first, rest: AsyncIterator) -> AsyncIterator:
@@ -197,7 +201,7 @@ async def complete(completion_id: str, model_name: str, first, events: AsyncIter
             elif isinstance(event, Notice):
                 notices.append(event.text)
             elif isinstance(event, Failed):
-                raise HTTPException(STATUS_FOR[event.code], event.message)
+                raise refusal(event)
             elif isinstance(event, Done):
                 return JSONResponse({
                     "id": completion_id,
@@ -210,7 +214,7 @@ async def complete(completion_id: str, model_name: str, first, events: AsyncIter
                         "finish_reason": event.finish_reason.value,
                     }],
                     "usage": usage(event),
-                    "metrics": metrics(event),
+                    "metrics": reply_metrics(event),
                     "notices": notices,
                 })
     finally:
@@ -244,7 +248,7 @@ async def sse(completion_id: str, model_name: str, first, events: AsyncIterator)
             elif isinstance(event, Failed):
                 yield f"data: {json.dumps({'error': {'message': event.message, 'type': event.code.value}})}\n\n"
             elif isinstance(event, Done):
-                yield chunk({}, event.finish_reason.value, usage=usage(event), metrics=metrics(event))
+                yield chunk({}, event.finish_reason.value, usage=usage(event), metrics=reply_metrics(event))
         yield "data: [DONE]\n\n"
     finally:
         await events.aclose()  # a dropped connection lands here: the worker gets a Cancel

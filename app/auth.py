@@ -10,18 +10,15 @@ open so a load balancer or a Space can probe it; it shows no prompts.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import secrets
 from pathlib import Path
 
 from fastapi import HTTPException, Request
+from fastapi.security import HTTPBasic, HTTPBearer
+
+from workers.errors import AuthError
 
 Credentials = list[tuple[str, str]]
-
-
-class AuthError(ValueError):
-    """The --auth value cannot be used; the message says why."""
 
 
 def parse_auth(value: str) -> Credentials:
@@ -50,19 +47,22 @@ def check_login(creds: Credentials, user: str, password: str) -> bool:
 
 
 def api_guard(creds: Credentials):
-    """A FastAPI dependency accepting Basic user:password or ``Bearer <password>``."""
+    """A FastAPI dependency accepting Basic user:password or ``Bearer <password>``, read with
+    ``fastapi.security``'s schemes (which also put them in the OpenAPI docs)."""
+    basic, bearer = HTTPBasic(auto_error=False), HTTPBearer(auto_error=False)
 
-    def guard(request: Request) -> None:
-        scheme, _, value = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() == "basic":
+    async def guard(request: Request) -> None:
+        scheme = request.headers.get("authorization", "").partition(" ")[0].lower()
+        if scheme == "basic":
             try:
-                user, _, password = base64.b64decode(value).decode().partition(":")
-            except (binascii.Error, UnicodeDecodeError):
-                user = password = ""
-            if check_login(creds, user, password):
+                login = await basic(request)
+            except HTTPException:  # not base64 user:password
+                login = None
+            if login and check_login(creds, login.username, login.password):
                 return
-        elif scheme.lower() == "bearer":
-            if any(check_login(creds, u, value) for u, _ in creds):
+        elif scheme == "bearer":
+            token = await bearer(request)
+            if token and any(check_login(creds, user, token.credentials) for user, _ in creds):
                 return
         raise HTTPException(401, "Authentication required: send your --auth credentials "
                                  "(HTTP Basic, or the password as a bearer token).",

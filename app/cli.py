@@ -8,8 +8,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import get_args
 
-from app.config import AppConfig, ConfigError, load_config
+from app.config import AppConfig, ConfigError, Dtype, Engine, LogLevel, Quantize, load_config
 from app.hosting import default_config_path, env_overrides, offline_model_install
 
 log = logging.getLogger(__name__)
@@ -27,12 +28,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads-per-worker", type=_count, help="torch threads (= physical cores) per worker, or 'auto'")
     p.add_argument("--oversubscribe", action="store_true", default=None,
                    help="allow workers × threads above the physical core count")
-    p.add_argument("--dtype", choices=["auto", "bfloat16", "float32"])
-    p.add_argument("--quantize", choices=["none", "int8"],
+    p.add_argument("--dtype", choices=get_args(Dtype))
+    p.add_argument("--quantize", choices=get_args(Quantize),
                    help="int8: int8 weights allowed where measured fastest (+<=2%% perplexity); none: exact")
     p.add_argument("--kernel", help="auto: the linear kernel measured fastest on this CPU; or force one: "
                                     "fp32, bf16, fp16-fbgemm, int8pack-bf16, int8pack-fp32, int8-ort")
-    p.add_argument("--engine", choices=["auto", "hf"],
+    p.add_argument("--engine", choices=get_args(Engine),
                    help="auto: the lean decoder where the architecture allows; hf: transformers")
     p.add_argument("--host", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int)
@@ -42,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue", type=int, help="requests that may wait for a worker")
     p.add_argument("--system-prompt")
     p.add_argument("--cache-dir", help="where converted GGUF models and prepared weights are kept")
-    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-level", choices=get_args(LogLevel))
     return p
 
 

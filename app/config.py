@@ -1,71 +1,87 @@
-"""Configuration: a TOML file of defaults, then command-line flags on top.
+"""Configuration: configs/default.toml (the one home of every default), an optional file
+of changes on top, then command-line flags.
 
-    cfg = load_config(Path("configs/default.toml"))                 # the defaults
+    cfg = load_config()                                               # the defaults
+    cfg = load_config(Path("configs/space.toml"))                     # a Space's changes
     cfg = load_config(path, {"workers": 1, "threads_per_worker": 2})  # flags override
 
 Every field of ``AppConfig`` is a key of the file; ``[sampling]`` holds the default
-``SamplingParams`` of the page and the API.
+``SamplingParams`` of the page and the API. The choices of dtype, quantize, engine and
+log level are the ``Literal`` types below, checked here once (the flags list them too).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
+from workers.errors import ConfigError
 from workers.kernels import KERNELS
 from workers.protocol import SamplingParams
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.toml"
-LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-class ConfigError(ValueError):
-    """A config file or flag value is invalid; the message names the key."""
+
+Dtype = Literal["auto", "bfloat16", "float32"]  # "auto": the measured kernel's compute dtype
+Quantize = Literal["int8", "none"]  # "int8": int8 weights allowed where measured fastest
+Engine = Literal["auto", "hf"]  # "auto": the lean decoder where the architecture allows; "hf": transformers
+LogLevel = Literal["debug", "info", "warning", "error"]
 
 
 @dataclass(frozen=True)
 class AppConfig:
-    model: str = "qwen/Qwen1.5-0.5B-Chat"
-    workers: int | str = "auto"  # int, or "auto"
-    threads_per_worker: int | str = "auto"
-    oversubscribe: bool = False
-    dtype: str = "auto"  # the compute dtype: "auto" (the measured kernel's), "bfloat16", "float32"
-    quantize: str = "int8"  # "int8": int8 weights allowed where measured fastest | "none"
-    kernel: str = "auto"  # "auto": measured on this CPU; or a workers.kernels name to force
-    engine: str = "auto"  # "auto": the lean decoder where the architecture allows, else "hf"
-    host: str = "127.0.0.1"
-    port: int = 7860
-    share: bool = False
-    auth: str | None = None  # "user:password" or a file of such lines
-    max_batch: int = 4  # replies each worker generates together (one pass over the weights)
-    max_queue: int = 64
-    max_context_tokens: int = 4096
-    system_prompt: str = ""  # "": the chat template's own default
-    cache_dir: str = "~/.cache/cpu-chat"
-    hub_timeout_s: float = 3.0
-    log_level: str = "info"
-    sampling: SamplingParams = field(default_factory=SamplingParams)
+    """Every key of configs/default.toml, which is the one home of the defaults (commented there)."""
+
+    model: str
+    workers: int | Literal["auto"]
+    threads_per_worker: int | Literal["auto"]
+    oversubscribe: bool
+    dtype: Dtype
+    quantize: Quantize
+    kernel: str  # "auto", or a workers.kernels name
+    engine: Engine
+    host: str
+    port: int
+    share: bool
+    max_batch: int
+    max_queue: int
+    max_context_tokens: int
+    system_prompt: str
+    cache_dir: str
+    hub_timeout_s: float
+    log_level: LogLevel
+    sampling: SamplingParams
+    auth: str | None = None  # "user:password" or a file of such lines; a flag, never a file default
 
 
 def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> AppConfig:
-    """Read ``path`` (default: configs/default.toml), apply non-None ``overrides``, validate."""
-    path = path or DEFAULT_CONFIG
+    """configs/default.toml, then the keys of ``path`` (e.g. configs/space.toml, or the
+    user's own file: only what it changes), then non-None ``overrides``; validated."""
+    raw = _read(DEFAULT_CONFIG)
+    if path is not None and path.resolve() != DEFAULT_CONFIG:
+        layer = _read(path)
+        _check_keys(layer, set(raw) | {"auth"}, str(path))
+        _check_keys(layer.get("sampling", {}), set(raw["sampling"]), f"{path} [sampling]")
+        raw = {**raw, **layer, "sampling": {**raw["sampling"], **layer.get("sampling", {})}}
+    raw.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    sampling = raw.pop("sampling")
+    _check_keys(raw, {f.name for f in dataclasses.fields(AppConfig)} - {"sampling"}, "the flags")
+    config = AppConfig(**raw, sampling=SamplingParams(**sampling))
+    validate(config)
+    return config
+
+
+def _read(path: Path) -> dict:
     try:
-        raw = tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text())
     except FileNotFoundError as exc:
         raise ConfigError(f"config file not found: {path}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
-    raw.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    sampling = raw.pop("sampling", {})
-    _check_keys(raw, {f.name for f in dataclasses.fields(AppConfig)} - {"sampling"}, str(path))
-    _check_keys(sampling, {f.name for f in dataclasses.fields(SamplingParams)}, f"{path} [sampling]")
-    config = AppConfig(**raw, sampling=SamplingParams(**sampling))
-    validate(config)
-    return config
 
 
 def _check_keys(raw: dict, known: set[str], where: str) -> None:
@@ -85,13 +101,8 @@ def validate(config: AppConfig) -> None:
         raise ConfigError(f"max_batch must be at least 1, got {config.max_batch}")
     if config.max_queue < 0:
         raise ConfigError(f"max_queue must be 0 or more, got {config.max_queue}")
-    if config.log_level not in LOG_LEVELS:
-        raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {config.log_level!r}")
-    if config.dtype not in ("auto", "bfloat16", "float32"):
-        raise ConfigError(f"dtype must be auto, bfloat16 or float32, got {config.dtype!r}")
-    if config.quantize not in ("none", "int8"):
-        raise ConfigError(f"quantize must be none or int8, got {config.quantize!r}")
-    if config.kernel != "auto" and config.kernel not in KERNELS:
-        raise ConfigError(f"kernel must be auto or one of {', '.join(KERNELS)}, got {config.kernel!r}")
-    if config.engine not in ("auto", "hf"):
-        raise ConfigError(f"engine must be auto or hf, got {config.engine!r}")
+    for name, choices in (("dtype", get_args(Dtype)), ("quantize", get_args(Quantize)),
+                          ("engine", get_args(Engine)), ("log_level", get_args(LogLevel)),
+                          ("kernel", ("auto", *KERNELS))):
+        if getattr(config, name) not in choices:
+            raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {getattr(config, name)!r}")

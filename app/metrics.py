@@ -24,7 +24,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 
-from app.dispatcher import Dispatcher, QueueFull, WorkerState
+from app.dispatcher import Dispatcher
+from app.slots import WorkerState
 from workers.protocol import Done, ErrorCode, Failed
 
 PREFIX = "cpu_chat"
@@ -33,11 +34,11 @@ TTFT_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 TPOT_BUCKETS_S = (0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
 
 
-def outcome(final: Done | Failed | QueueFull) -> str:
+def outcome(final: Done | Failed) -> str:
     """``rejected``: turned away before generating (queue full, a prompt too long to serve)."""
     if isinstance(final, Done):
         return final.finish_reason.value
-    if isinstance(final, QueueFull) or final.code is ErrorCode.INVALID_REQUEST:
+    if final.code in (ErrorCode.INVALID_REQUEST, ErrorCode.BUSY):
         return "rejected"
     return "error"
 
@@ -105,7 +106,7 @@ class AppMetrics:
         dispatcher.observers.append(metrics.record)
         return metrics
 
-    def record(self, final: Done | Failed | QueueFull) -> None:
+    def record(self, final: Done | Failed) -> None:
         self.requests.labels(outcome(final)).inc()
         if not isinstance(final, Done):
             return

@@ -31,12 +31,15 @@ from app.auth import AuthError, Credentials, parse_auth
 from app.config import AppConfig
 from app.dispatcher import Dispatcher, DispatcherConfig, ModelSource
 from app.metrics import AppMetrics, build_metrics_router
+from app.pool import call_soon
 from app.startup import Startup
 from app.ui import build_ui
-from workers.calibrate import Allowed, KernelChoice, Shapes, calibrate, choose
+from workers.calibrate import Shapes, calibrate
+from workers.choice import Allowed, KernelChoice, choose
 from workers.cores import LayoutError, WorkerLayout, auto_workers, physical_cores, plan_layout
 from workers.loader import ModelNotFound, check_spec, resolve_model
 from workers.model import ModelArgs, UnsupportedModel
+from workers.protocol import EngineConfig
 from workers.weights import prepare
 
 log = logging.getLogger(__name__)
@@ -78,7 +81,7 @@ def build_dispatcher(config: AppConfig) -> Dispatcher:
         layouts=layouts,
         max_batch=config.max_batch,
         max_queue=config.max_queue,
-        engine={"max_context_tokens": config.max_context_tokens},
+        engine_config=EngineConfig(max_context_tokens=config.max_context_tokens),
         log_level=logging.getLevelName(config.log_level.upper()),
     ))
 
@@ -142,16 +145,11 @@ def start_in_background(config: AppConfig, dispatcher: Dispatcher, startup: Star
         except Exception as exc:
             log.exception("Could not prepare the model %s", config.model)
             message = str(exc) if isinstance(exc, ModelNotFound) else f"{type(exc).__name__}: {exc}"
-            _call_soon(loop, failed, message)
+            call_soon(loop, failed, message)
             return
-        _call_soon(loop, started, source)
+        call_soon(loop, started, source)
 
     threading.Thread(target=run, daemon=True, name="prepare-model").start()
-
-
-def _call_soon(loop: asyncio.AbstractEventLoop, fn, *args) -> None:
-    with contextlib.suppress(RuntimeError):  # the loop closed: the server stopped meanwhile
-        loop.call_soon_threadsafe(fn, *args)
 
 
 def build_app(config: AppConfig, dispatcher: Dispatcher, auth: Credentials | None = None) -> FastAPI:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from workers.calibrate import KernelChoice
+from workers.choice import KernelChoice
 from workers.loader import ResolvedModel
 
 RESOLVING = 0.05

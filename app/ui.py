@@ -17,20 +17,12 @@ from collections.abc import AsyncIterator
 
 import gradio as gr
 
-from app.dispatcher import Dispatcher, Queued, QueueFull
+from app import validation as limits
+from app.dispatcher import Dispatcher, Queued
+from app.slots import WorkerState
 from app.startup import Startup, progress_bar
-from app.validation import (
-    MAX_NEW_TOKENS,
-    REPETITION_PENALTY_RANGE,
-    TEMPERATURE_RANGE,
-    TOP_K_RANGE,
-    TOP_P_RANGE,
-    InvalidInput,
-    check_message,
-    clamp_params,
-    clean_text,
-)
-from workers.protocol import ChatMessage, Chunk, Done, Failed, FinishReason, Notice, SamplingParams
+from app.validation import InvalidInput, check_message, clamp_params, clean_text
+from workers.protocol import ChatMessage, Chunk, Done, ErrorCode, Failed, FinishReason, Notice, SamplingParams
 
 STATS_PREFIX = "\n\n<sub>⚡ "
 _STATS_RE = re.compile(re.escape(STATS_PREFIX) + r".*</sub>\s*$", re.S)
@@ -70,7 +62,7 @@ def stats_footer(done: Done, cores: list[int] | None) -> str:
 
 def readiness(dispatcher: Dispatcher, startup: Startup) -> str:
     """The panel's first line: says what is still loading instead of leaving the page silent."""
-    workers = dispatcher.describe()
+    workers = dispatcher.snapshot()
     ready, total = dispatcher.ready_count, len(workers)
     state = startup.snapshot()
     if state.error:
@@ -80,8 +72,8 @@ def readiness(dispatcher: Dispatcher, startup: Startup) -> str:
         return f"◐ **0/{total} workers ready** — preparing the model: {state.stage} …{bar}"
     if ready == total:
         return f"✔ **{ready}/{total} workers ready**"
-    loading = sum(w["state"] == "starting" for w in workers)
-    dead = sum(w["state"] == "dead" for w in workers)
+    loading = sum(w.state is WorkerState.STARTING for w in workers)
+    dead = sum(w.state is WorkerState.DEAD for w in workers)
     what = ([f"{loading} loading the model and warming up"] if loading else []) + (
         [f"{dead} restarting after a crash"] if dead else [])
     return f"◐ **{ready}/{total} workers ready** — {', '.join(what)}"
@@ -90,18 +82,17 @@ def readiness(dispatcher: Dispatcher, startup: Startup) -> str:
 def worker_panel(dispatcher: Dispatcher, startup: Startup) -> str:
     lines = [f"{readiness(dispatcher, startup)} · {dispatcher.queue_depth} waiting", ""]
     if startup.kernels:
-        private = max((w["private_weight_mb"] or 0 for w in dispatcher.describe()), default=0)
+        private = max((w.private_weight_mb or 0 for w in dispatcher.snapshot()), default=0)
         lines += [f"Kernels: {startup.kernels.summary()}" + (f" · {private} MB of packed weights per worker"
                                                              if private else ""), ""]
     lines += [
              "| worker | pid | cores | threads | state | replies now | tok/s now | last tok/s | served | restarts |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    for w in dispatcher.describe():
-        now, last = w["current_tokens_per_s"], w["tokens_per_s"]  # last is 0 after a Stop: no decode rate
-        lines.append(f"| {w['id']} | {w['pid'] or '–'} | {','.join(map(str, w['cores']))} | {w['threads']} | "
-                     f"{w['state']} | {w['active']}/{w['slots']} | {now if now is not None else '–'} | "
-                     f"{last or '–'} | {w['served']} | "
-                     f"{w['restarts']} |")
+    for w in dispatcher.snapshot():
+        now, last = w.current_tokens_per_s, w.tokens_per_s  # last is 0 after a Stop: no decode rate
+        lines.append(f"| {w.id} | {w.pid or '–'} | {','.join(map(str, w.cores))} | {w.threads} | "
+                     f"{w.state.value} | {w.active}/{w.slots} | {now if now is not None else '–'} | "
+                     f"{last or '–'} | {w.served} | {w.restarts} |")
     return "\n".join(lines)
 
 
@@ -138,22 +129,21 @@ def build_ui(dispatcher: Dispatcher, startup: Startup, system_prompt: str,
                                              int(max_new_tokens)))
         session = request.session_hash if request else None
         reply, notes = "", ""
-        try:
-            async for event in dispatcher.stream(history_to_messages(system, history, text), params, session):
-                if isinstance(event, Queued):
-                    yield waiting_text(dispatcher, event.position)
-                elif isinstance(event, Notice):
-                    notes += f"<sub>ℹ️ {event.text}</sub>\n\n"
-                elif isinstance(event, Chunk):
-                    reply += event.text
-                    yield notes + reply
-                elif isinstance(event, Failed):
-                    yield notes + reply + f"\n\n⚠️ {event.message}"
-                elif isinstance(event, Done):
-                    cores = next((w["cores"] for w in dispatcher.describe() if w["id"] == event.metrics.worker), None)
-                    yield notes + reply + stats_footer(event, cores)
-        except QueueFull as exc:
-            raise gr.Error(str(exc)) from exc
+        async for event in dispatcher.stream(history_to_messages(system, history, text), params, session):
+            if isinstance(event, Queued):
+                yield waiting_text(dispatcher, event.position)
+            elif isinstance(event, Notice):
+                notes += f"<sub>ℹ️ {event.text}</sub>\n\n"
+            elif isinstance(event, Chunk):
+                reply += event.text
+                yield notes + reply
+            elif isinstance(event, Failed) and event.code is ErrorCode.BUSY:
+                raise gr.Error(event.message)  # nothing was said yet: a notice, not a reply
+            elif isinstance(event, Failed):
+                yield notes + reply + f"\n\n⚠️ {event.message}"
+            elif isinstance(event, Done):
+                cores = next((w.cores for w in dispatcher.snapshot() if w.id == event.metrics.worker), None)
+                yield notes + reply + stats_footer(event, cores)
 
     with gr.Blocks(title="CPU Chat", analytics_enabled=False) as demo:
         # Functions, not values: computed when each page loads, then every second (the
@@ -171,13 +161,13 @@ def build_ui(dispatcher: Dispatcher, startup: Startup, system_prompt: str,
         inputs = [
             gr.Textbox(system_prompt, label="System prompt", lines=2, render=False,
                        placeholder="Empty: the model's own default system prompt"),
-            gr.Slider(*TEMPERATURE_RANGE, value=defaults.temperature, step=0.05, label="Temperature (0 = greedy)",
+            gr.Slider(*limits.TEMPERATURE_RANGE, value=defaults.temperature, step=0.05, label="Temperature (0 = greedy)",
                       render=False),
-            gr.Slider(*TOP_P_RANGE, value=defaults.top_p, step=0.01, label="Top-p", render=False),
-            gr.Slider(*TOP_K_RANGE, value=defaults.top_k, step=1, label="Top-k (0 = off)", render=False),
-            gr.Slider(*REPETITION_PENALTY_RANGE, value=defaults.repetition_penalty, step=0.01,
+            gr.Slider(*limits.TOP_P_RANGE, value=defaults.top_p, step=0.01, label="Top-p", render=False),
+            gr.Slider(*limits.TOP_K_RANGE, value=defaults.top_k, step=1, label="Top-k (0 = off)", render=False),
+            gr.Slider(*limits.REPETITION_PENALTY_RANGE, value=defaults.repetition_penalty, step=0.01,
                       label="Repetition penalty", render=False),
-            gr.Slider(16, MAX_NEW_TOKENS, value=defaults.max_new_tokens, step=16, label="Max new tokens",
+            gr.Slider(16, limits.MAX_NEW_TOKENS, value=defaults.max_new_tokens, step=16, label="Max new tokens",
                       render=False),
         ]
         gr.ChatInterface(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
+from workers.errors import InvalidInput
 from workers.protocol import SamplingParams
 
 MAX_MESSAGE_CHARS = 32_000  # ~8k tokens: past any context window this app serves
@@ -22,9 +23,6 @@ REPETITION_PENALTY_RANGE = (1.0, 2.0)
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
-
-class InvalidInput(ValueError):
-    """Input that cannot be served; the message says what is wrong and what is allowed."""
 
 
 def clean_text(text: str) -> str:

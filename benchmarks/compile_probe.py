@@ -42,10 +42,10 @@ def main() -> int:
     from benchmarks import qwen_shape
     from workers.loader import resolve_model
     from workers.model import Transformer
-    from workers.weights import load, prepare
+    from workers.weights import map_prepared, prepare
 
     model = str(qwen_shape.build(CACHE / "qwen1.5-0.5b-shape", resolve_model("bundled", CACHE).path))
-    args, kernel, tensors = load(prepare(model, "int8pack-bf16", CACHE))
+    args, kernel, tensors = map_prepared(prepare(model, "int8pack-bf16", CACHE))
     decoder = Transformer(args, tensors, kernel)
     eager = [decode_tok_s(decoder, decoder.forward_batch) for _ in range(3)]
     compiled_step = torch.compile(decoder.forward_batch, dynamic=True)

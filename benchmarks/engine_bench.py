@@ -66,7 +66,8 @@ def resolve_kernel(spec: dict) -> dict:
     if kernel == "auto":
         from transformers import AutoConfig
 
-        from workers.calibrate import Allowed, Shapes, calibrate, choose
+        from workers.calibrate import Shapes, calibrate
+        from workers.choice import Allowed, choose
         from workers.cores import WorkerLayout
 
         threads = spec.get("threads") or len(os.sched_getaffinity(0))
@@ -152,9 +153,10 @@ class Lean:
         arrives: the reply's usual ms per token, its longest gap while the prompt prefills
         in chunks, and what that prefill costs in chunks and in one piece (the gap there
         would be without chunking)."""
+        from app.config import load_config
         from workers.engine import Engine
         from workers.process import Batch
-        from workers.protocol import ChatMessage, Chunk, Generate, SamplingParams
+        from workers.protocol import ChatMessage, Chunk, EngineConfig, Generate, SamplingParams
 
         class Timeline:  # stands in for the pipe: what the worker sends, when
             def __init__(self) -> None:
@@ -167,7 +169,8 @@ class Lean:
             return [(t, m.tokens) for t, m in conn.sent if isinstance(m, Chunk) and m.request_id == rid]
 
         conn = Timeline()
-        batch = Batch(Engine(self.decoder, self.tokenizer, set()), conn, 0)  # no stop ids: runs to its budget
+        config = EngineConfig(max_context_tokens=load_config().max_context_tokens)
+        batch = Batch(Engine(self.decoder, self.tokenizer, set(), config), conn, 0)  # no stop ids: runs to its budget
         params = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=2000)
         batch.admit(Generate("reply", (ChatMessage("user", "Hello"),), params))
         while len(chunks("reply")) < 30:

@@ -44,7 +44,8 @@ def serving_kernel(bundled_model, cache_dir):
     for a one-thread worker: what the pool tests' workers run."""
     from transformers import AutoConfig
 
-    from workers.calibrate import Allowed, Shapes, calibrate, choose
+    from workers.calibrate import Shapes, calibrate
+    from workers.choice import Allowed, choose
     from workers.cores import WorkerLayout
 
     shapes = Shapes.from_hf_config(AutoConfig.from_pretrained(bundled_model.path))

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 
+from app.config import load_config
 from app.dispatcher import Dispatcher, DispatcherConfig, ModelSource
 from workers.cores import plan_layout
-from workers.protocol import ChatMessage, Chunk, Done, Failed, SamplingParams
+from workers.protocol import ChatMessage, Chunk, Done, EngineConfig, Failed, SamplingParams
 
 
 def two_single_core_layouts():
@@ -26,13 +28,14 @@ class Pool:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.dispatcher = Dispatcher(DispatcherConfig(
-            layouts or two_single_core_layouts(), source, max_batch=max_batch, max_queue=max_queue))
+            layouts or two_single_core_layouts(), max_batch, max_queue, EngineConfig(max_context_tokens=load_config().max_context_tokens),
+            source))
         self.run(self._start(wait_ready), timeout=240)
 
     async def _start(self, wait_ready: bool) -> None:
         self.dispatcher.start()
         if wait_ready:
-            await self.dispatcher.wait_ready(timeout_s=180)
+            await wait_ready(self.dispatcher, timeout_s=180)
 
     def run(self, coro, timeout: float = 120):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -41,6 +44,16 @@ class Pool:
         self.run(self.dispatcher.stop())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
+
+
+async def wait_ready(dispatcher: Dispatcher, timeout_s: float = 300.0) -> None:
+    """Wait until every worker has loaded and warmed up."""
+    deadline = time.monotonic() + timeout_s
+    while dispatcher.ready_count < len(dispatcher.workers):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {dispatcher.ready_count}/{len(dispatcher.workers)} workers ready "
+                               f"after {timeout_s:.0f} s")
+        await asyncio.sleep(0.1)
 
 
 async def ask(dispatcher: Dispatcher, text: str, params: SamplingParams):

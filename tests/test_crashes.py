@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-from app.dispatcher import ModelSource, QueueFull, Queued, WorkerState, respawn_delay
-from tests.pool import Pool, ask
+from app.dispatcher import ModelSource, Queued, WorkerState
+from app.pool import respawn_delay
+from tests.pool import Pool, ask, wait_ready
 from workers.protocol import ChatMessage, Chunk, Done, ErrorCode, Failed, SamplingParams
 
 LONG = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=300)
@@ -58,7 +59,7 @@ def test_sigkill_mid_stream_fails_that_request_only_and_the_worker_comes_back(po
         killed_at = time.monotonic()
         os.kill(old_pid, signal.SIGKILL)
         await asyncio.gather(victim_task, survivor_task, queued_task)
-        await d.wait_ready(timeout_s=120)
+        await wait_ready(d, timeout_s=120)
         return results, killed_at, victim, old_pid
 
     results, killed_at, victim, old_pid = pool.run(scenario(), timeout=240)
@@ -82,8 +83,8 @@ def test_queue_is_bounded_and_tells_the_waiting_user_their_place(pool):
             await asyncio.sleep(0.01)
         waiting = d.stream([ChatMessage("user", "hi")], SHORT)
         first = await anext(waiting)  # position 1 of a queue of at most 1
-        with pytest.raises(QueueFull, match="busy"):
-            await anext(d.stream([ChatMessage("user", "hi")], SHORT))
+        refused = await anext(d.stream([ChatMessage("user", "hi")], SHORT))
+        assert isinstance(refused, Failed) and refused.code is ErrorCode.BUSY and "busy" in refused.message
         await waiting.aclose()  # leaving the queue gives the place up at once
         depth_after_leaving = d.queue_depth
         for task in busy:

@@ -3,19 +3,20 @@
 import pytest
 import torch
 
-from workers.engine import Engine, EngineConfig, Finished, PromptTooLong, Step, encode_chat, sample
+from app.config import load_config
+from tests.generation import generate
+from workers.engine import Engine
 from workers.loader import load
+from workers.prompt import PromptTooLong, encode_chat
+from workers.protocol import ChatMessage, EngineConfig, FinishReason, SamplingParams
+from workers.sampling import sample
 from workers.weights import prepare
-from workers.protocol import ChatMessage, FinishReason, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=12)
 
 
 def run(engine, ids, params=GREEDY, session=None):
-    steps = list(engine.generate(ids, params, session))
-    finished = steps[-1]
-    assert isinstance(finished, Finished)
-    return "".join(s.text for s in steps[:-1]) + finished.tail_text, finished
+    return generate(engine, ids, params, session)
 
 
 def make_engine(path: str, kernel: str, cache_dir, prefill: str | None = None, **config) -> Engine:
@@ -23,7 +24,8 @@ def make_engine(path: str, kernel: str, cache_dir, prefill: str | None = None, *
     (transformers, float32)."""
     weights = None if kernel == "hf" else str(prepare(path, kernel, cache_dir))
     loaded = load(path, "float32", weights, prefill)
-    return Engine(loaded.decoder, loaded.tokenizer, loaded.stop_ids, EngineConfig(**config))
+    return Engine(loaded.decoder, loaded.tokenizer, loaded.stop_ids, 
+                  EngineConfig(**{"max_context_tokens": load_config().max_context_tokens, **config}))
 
 
 @pytest.fixture(scope="module", params=["fp32", "hf"])
@@ -42,7 +44,7 @@ def test_greedy_is_deterministic_and_respects_the_budget(tiny_engine):
     text1, fin1 = run(tiny_engine, ids)
     text2, fin2 = run(tiny_engine, ids)
     assert text1 == text2
-    assert fin1.completion_tokens <= 12
+    assert fin1.metrics.completion_tokens <= 12
     assert fin1.reason in (FinishReason.STOP, FinishReason.LENGTH)
 
 
@@ -54,8 +56,8 @@ def test_next_turn_reuses_the_conversation_cache_with_identical_output(tiny_engi
     ids2 = tiny_engine.prompt(turn2, 12).ids
     cached_text, cached = run(tiny_engine, ids2, session="conv")
     fresh_text, fresh = run(tiny_engine, ids2, session=None)
-    assert cached.cached_prompt_tokens >= len(ids1) - 1  # only the new turn was prefilled
-    assert fresh.cached_prompt_tokens == 0
+    assert cached.metrics.cached_prompt_tokens >= len(ids1) - 1  # only the new turn was prefilled
+    assert fresh.metrics.cached_prompt_tokens == 0
     assert cached_text == fresh_text
 
 
@@ -105,17 +107,7 @@ def test_bundled_model_knows_the_capital_of_france(smol_engine):
     text, finished = run(smol_engine, ids, SamplingParams(temperature=0.0, max_new_tokens=32))
     assert "Paris" in text
     assert finished.reason is FinishReason.STOP
-    assert finished.ttft_ms > 0 and finished.decode_tokens_per_s > 0
-
-
-def test_closing_the_generator_stops_generation(smol_engine):
-    ids = smol_engine.prompt([ChatMessage("user", "Count from 1 to 100.")], 200).ids
-    steps = smol_engine.generate(ids, SamplingParams(temperature=0.0, max_new_tokens=200))
-    taken = [next(steps) for _ in range(3)]
-    steps.close()
-    assert all(isinstance(s, Step) for s in taken)
-    with pytest.raises(StopIteration):
-        next(steps)
+    assert finished.metrics.ttft_ms > 0 and finished.metrics.decode_tokens_per_s > 0
 
 
 def test_batched_decode_gives_each_sequence_its_own_answer(smol_engine):
@@ -146,8 +138,8 @@ def test_cancelled_sequence_reports_real_metrics_and_keeps_its_cache(smol_engine
     for _ in range(5):
         smol_engine.step([seq])
     end = smol_engine.finish(seq, FinishReason.CANCELLED)
-    assert end.reason is FinishReason.CANCELLED and end.completion_tokens == 6
-    assert end.decode_tokens_per_s > 0 and end.ttft_ms > 0
+    assert end.reason is FinishReason.CANCELLED and end.metrics.completion_tokens == 6
+    assert end.metrics.decode_tokens_per_s > 0 and end.metrics.ttft_ms > 0
     again, _ = smol_engine.start(ids, SamplingParams(temperature=0.0, max_new_tokens=1), session_id="c")
     assert again.cached == len(ids) - 1  # the next turn finds the prompt in the kept cache
 

@@ -28,7 +28,7 @@ def test_readme_front_matter_describes_a_gradio_space_that_can_start():
     assert meta["title"] and meta["emoji"] and meta["colorFrom"] and meta["colorTo"]
 
 
-def test_a_space_listens_on_all_interfaces_with_one_worker_per_vcpu():
+def test_a_space_listens_on_all_interfaces_with_one_batched_worker_on_all_its_cores():
     cfg = parse_config([], environ=SPACE)
     assert (cfg.host, cfg.port) == ("0.0.0.0", 7860)
     assert (cfg.workers, cfg.threads_per_worker, cfg.oversubscribe) == (1, "auto", False)
@@ -37,7 +37,7 @@ def test_a_space_listens_on_all_interfaces_with_one_worker_per_vcpu():
 
 def test_on_a_space_the_environment_and_flags_still_win():
     assert parse_config([], environ={**SPACE, "PORT": "8080"}).port == 8080
-    assert parse_config(["--workers", "1"], environ=SPACE).workers == 1
+    assert parse_config(["--workers", "2"], environ=SPACE).workers == 2  # the Space's file says 1
 
 
 def test_a_desktop_keeps_its_private_defaults():

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from workers.calibrate import Allowed, CalibrationError, Measurement, Timing, choose
+from tests.generation import generate
+from workers.choice import Allowed, CalibrationError, Measurement, Timing, choose
 from workers.kernels import KERNELS
 from workers.linear import unavailable
 from workers.loader import load
@@ -44,15 +45,16 @@ def greedy_answer(bundled_model, kernel: str, prefill: str, cache_dir, question:
     huge activations that quantizing activations gets wrong (see workers.linear._ort_int8)."""
     from transformers import AutoTokenizer
 
+    from app.config import load_config
     from workers.engine import Engine
-    from workers.protocol import ChatMessage, SamplingParams
+    from workers.protocol import ChatMessage, EngineConfig, SamplingParams
 
     tokenizer = AutoTokenizer.from_pretrained(bundled_model.path)
-    engine = Engine(lean(bundled_model, kernel, cache_dir, prefill), tokenizer, {tokenizer.eos_token_id})
+    engine = Engine(lean(bundled_model, kernel, cache_dir, prefill), tokenizer, {tokenizer.eos_token_id},
+                    EngineConfig(max_context_tokens=load_config().max_context_tokens))
     ids = engine.prompt([ChatMessage("user", question)], 32).ids
     params = SamplingParams(temperature=0.0, top_k=0, top_p=1.0, repetition_penalty=1.0, max_new_tokens=24)
-    steps = list(engine.generate(ids, params))
-    return "".join(step.text for step in steps[:-1])
+    return generate(engine, ids, params)[0]
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,7 @@ import torch
 from workers.linear import quantize_int8
 from workers.loader import load
 from workers.model import UnsupportedModel
-from workers.weights import load as load_weights
-from workers.weights import prepare
+from workers.weights import map_prepared, prepare
 
 
 def hf_logits(path: str, ids: list[int]) -> torch.Tensor:
@@ -52,7 +51,7 @@ def test_cache_truncate_then_continue_is_exact(tiny_qwen, bundled_tokenizer, tmp
 
 def test_weights_are_shared_memory_maps_not_copies(bundled_model, cache_dir):
     path = prepare(bundled_model.path, "int8pack-bf16", cache_dir)
-    _, kernel, tensors = load_weights(path)
+    _, kernel, tensors = map_prepared(path)
     assert kernel == "int8pack-bf16"
     maps = Path(f"/proc/{os.getpid()}/maps").read_text()
     assert str(path) in maps  # the file is mapped into this process

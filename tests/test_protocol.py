@@ -3,7 +3,16 @@
 import multiprocess
 
 from workers.protocol import (
-    Cancel, ChatMessage, Chunk, Done, ErrorCode, Failed, FinishReason, Generate, Metrics, SamplingParams,
+    Cancel,
+    ChatMessage,
+    Chunk,
+    Done,
+    ErrorCode,
+    Failed,
+    FinishReason,
+    Generate,
+    Metrics,
+    SamplingParams,
 )
 
 

@@ -8,11 +8,11 @@ last-level cache (timing one small matrix again and again flatters every kernel 
 the small torch ops of a layer between the matmuls, so per-call overhead and hand-offs
 between thread pools count. Each path is also checked against fp32 on the model's real
 weights. The verdict is cached per CPU model and flags, torch and onnxruntime versions,
-shapes, threads and batch size; ``choose`` then picks, for what the flags allow, the kernel
-and prefill path that match fp32 and serve a typical turn (prefill, then decode) fastest.
+shapes, threads and batch size; ``workers.choice.choose`` then picks, for what the flags
+allow, the kernel and prefill path that match fp32 and serve a typical turn fastest.
 
-    choice = calibrate(model_path, shapes, layout, max_batch=4, cache_dir=cache)   # ≤ 20 s once
-    choice = choose(choice.measurement, Allowed(int8=True, dtype="auto"))          # re-pick, no timing
+    measured = calibrate(model_path, shapes, layout, max_batch=4, cache_dir=cache)  # ~10 s, once
+    choice = choose(measured, Allowed(int8=True, dtype="auto"))                    # no timing
 """
 
 from __future__ import annotations
@@ -25,20 +25,17 @@ import math
 import os
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+from workers.choice import MAX_REL_ERROR, PREFILL_ROWS, Measurement, Timing
 from workers.cores import WorkerLayout
 
 log = logging.getLogger(__name__)
 
 CALIBRATION_VERSION = 1
-PREFILL_ROWS = 128
-MAX_REL_ERROR = 0.03  # vs fp32 on real weights; per-channel int8 measures ~1%, bf16 ~0.3%
 DECODE_REPEATS = 7
 PREFILL_REPEATS = 3
-TURN_PROMPT_TOKENS = 256  # what ``choose`` weighs: a typical chat turn (prompt with history, reply)
-TURN_REPLY_TOKENS = 256
 HOPELESS = 3.0  # this many times slower than the best so far: no need to time it precisely
 
 
@@ -69,120 +66,6 @@ class Shapes:
     @property
     def params_per_layer(self) -> int:
         return sum(n * k for _, n, k in self.linears)
-
-
-@dataclass(frozen=True)
-class Timing:
-    kernel: str
-    phase: str  # "decode-1", "decode-<max_batch>", "prefill-128"
-    path: str  # "decode", or the prefill path's name
-    ms_per_layer: float  # median time of one layer's four linears and the ops between them
-    gbps: float  # weight bytes read per second
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """Everything timed on this machine: what ``choose`` picks from, cached on disk."""
-
-    machine: str  # CPU model, thread count, torch: what the timings are valid for
-    max_batch: int
-    timings: tuple[Timing, ...]
-    errors: dict[str, float]  # "kernel/path" -> relative error vs fp32 on real weights
-    unavailable: dict[str, str]  # kernel -> why this machine cannot run it
-    seconds: float  # how long the calibration took
-
-    def time(self, kernel: str, phase: str, path: str = "decode") -> float | None:
-        for t in self.timings:
-            if (t.kernel, t.phase, t.path) == (kernel, phase, path):
-                return t.ms_per_layer
-        return None
-
-    def gbps(self, kernel: str, phase: str) -> float:
-        return next((t.gbps for t in self.timings if (t.kernel, t.phase) == (kernel, phase)), 0.0)
-
-
-@dataclass(frozen=True)
-class Allowed:
-    """What the flags let ``choose`` pick: int8 weights or not, a compute dtype or any, one kernel."""
-
-    int8: bool = True
-    dtype: str = "auto"  # "auto" | "float32" | "bfloat16"
-    kernel: str = "auto"  # "auto", or the name of the decode kernel to use
-
-
-@dataclass(frozen=True)
-class KernelChoice:
-    decode: str  # a workers.kernels.KERNELS name
-    prefill: str  # one of that kernel's prefill paths
-    dtype: str  # the model's compute dtype: the decode kernel's activations
-    decode_gbps: float  # measured, at one row
-    why: str  # in words: measured fastest, forced, or the only one allowed
-    measurement: Measurement | None = field(default=None, repr=False)
-
-    def summary(self) -> str:
-        speed = f" at {self.decode_gbps:.0f} GB/s" if self.decode_gbps else ""
-        return f"decode {self.decode}{speed}, prefill {self.prefill} ({self.why})"
-
-    def report(self) -> dict:
-        """For /health and the benchmark: the choice, and the timings it was made from."""
-        m = self.measurement
-        return {
-            "decode": self.decode, "prefill": self.prefill, "dtype": self.dtype, "why": self.why,
-            "decode_gb_per_s": round(self.decode_gbps, 1),
-            "machine": m.machine if m else None,
-            "calibration_s": round(m.seconds, 1) if m else None,
-            "ms_per_layer": {f"{t.kernel}/{t.phase}/{t.path}": round(t.ms_per_layer, 3) for t in m.timings} if m else {},
-            "rel_error_vs_fp32": {k: round(v, 5) for k, v in m.errors.items()} if m else {},
-            "unavailable": dict(m.unavailable) if m else {},
-        }
-
-
-class CalibrationError(RuntimeError):
-    """No candidate kernel is allowed, available and accurate; the message says which flags to change."""
-
-
-def choose(m: Measurement, allowed: Allowed, max_error: float = MAX_REL_ERROR) -> KernelChoice:
-    """The allowed kernel, and its prefill path, that serve a typical turn fastest.
-
-    A turn is ``TURN_PROMPT_TOKENS`` of prompt to prefill, then ``TURN_REPLY_TOKENS`` to
-    decode, half of them alone and half in a full batch: time to first token and tokens/s
-    both count. Only paths whose error against fp32 is within ``max_error`` are candidates.
-    """
-    from workers.kernels import KERNELS
-
-    prefill_phase = f"prefill-{PREFILL_ROWS}"
-
-    def accurate(kernel: str, path: str) -> bool:
-        return m.errors.get(f"{kernel}/{path}", math.inf) <= max_error
-
-    def best_prefill(kernel: str) -> tuple[str, float]:
-        timed = [(m.time(kernel, prefill_phase, p), p) for p in KERNELS[kernel].prefill_paths if accurate(kernel, p)]
-        timed = [(t, p) for t, p in timed if t is not None]
-        return (min(timed)[1], min(timed)[0]) if timed else (KERNELS[kernel].prefill_paths[0], math.inf)
-
-    def turn_ms(kernel: str) -> float:
-        decode = (m.time(kernel, "decode-1") + (m.time(kernel, f"decode-{m.max_batch}") or math.inf)) / 2
-        return TURN_PROMPT_TOKENS / PREFILL_ROWS * best_prefill(kernel)[1] + TURN_REPLY_TOKENS * decode
-
-    def fits(name: str) -> bool:
-        k = KERNELS[name]
-        return ((allowed.int8 or not k.int8) and allowed.dtype in ("auto", k.activation)
-                and name not in m.unavailable and accurate(name, "decode") and m.time(name, "decode-1") is not None)
-
-    if allowed.kernel != "auto":
-        if allowed.kernel not in KERNELS:
-            raise CalibrationError(f"--kernel {allowed.kernel!r} is not one of: auto, {', '.join(KERNELS)}")
-        if allowed.kernel in m.unavailable:
-            raise CalibrationError(f"--kernel {allowed.kernel} cannot run here: {m.unavailable[allowed.kernel]}")
-        decode, why = allowed.kernel, "forced with --kernel"
-    else:
-        fitting = [name for name in KERNELS if fits(name)]
-        if not fitting:
-            raise CalibrationError(f"no kernel fits --quantize {'int8' if allowed.int8 else 'none'} and --dtype "
-                                   f"{allowed.dtype} on this machine (errors: {m.errors}; unavailable: {m.unavailable})")
-        decode = min(fitting, key=turn_ms)
-        why = "measured fastest" if len(fitting) > 1 else "the only allowed kernel"
-    return KernelChoice(decode, best_prefill(decode)[0], KERNELS[decode].activation, m.gbps(decode, "decode-1"), why, m)
 
 
 # --- measuring ----------------------------------------------------------------------

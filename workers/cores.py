@@ -16,11 +16,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from workers.errors import LayoutError
+
 PhysicalCore = tuple[int, ...]  # the logical CPUs (hyper-thread siblings) of one core
 
-
-class LayoutError(ValueError):
-    """The requested workers × threads does not fit on this machine's cores."""
 
 
 @dataclass(frozen=True)

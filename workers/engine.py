@@ -10,8 +10,8 @@
 ``begin``, prefills a long prompt in chunks between decode steps (so it never freezes the
 other replies in the batch), steps all prefilled sequences together (several users share
 one pass over the weights) and ends one with ``finish`` on a stop token, the budget, or a
-Cancel — so a Stop takes effect within one decode step. ``generate`` is the same for
-a single sequence, as a generator. The engine knows nothing about pipes or requests.
+Cancel — so a Stop takes effect within one decode step. The engine knows nothing about
+pipes or requests; the prompt is ``workers.prompt``'s, the draw ``workers.sampling``'s.
 
 A conversation's KV cache is kept after each turn (keyed by session id, least recently
 used evicted past a memory budget), and the next turn prefills only the token ids that
@@ -21,28 +21,16 @@ re-tokenized text.
 
 from __future__ import annotations
 
-import re
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
 
 from workers.detokenize import IncrementalDetokenizer
-from workers.protocol import ChatMessage, FinishReason, SamplingParams
-
-END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>")
-
-
-class PromptTooLong(ValueError):
-    """The newest message alone does not fit in the context window; shown to the user."""
-
-
-@dataclass(frozen=True)
-class Prompt:
-    ids: list[int]
-    dropped_turns: int  # oldest user/assistant messages left out to fit the context
+from workers.prompt import Prompt, build_prompt
+from workers.protocol import ChatMessage, EngineConfig, FinishReason, Metrics, SamplingParams
+from workers.sampling import sample
 
 
 @dataclass(frozen=True)
@@ -55,11 +43,7 @@ class Step:
 @dataclass(frozen=True)
 class Finished:
     reason: FinishReason
-    prompt_tokens: int
-    cached_prompt_tokens: int
-    completion_tokens: int
-    ttft_ms: float
-    decode_tokens_per_s: float
+    metrics: Metrics
     tail_text: str = ""  # text held back until the end (an incomplete character)
 
 
@@ -91,105 +75,6 @@ class _Session:
     cache: object  # the decoder's cache: has .length, .truncate(n), .nbytes
 
 
-# --- prompt -------------------------------------------------------------------------
-
-
-_SENTINEL = "\x1e{}\x1e"  # record separator: never produced by a template itself
-_SENTINEL_RE = re.compile("(\x1e\\d+\x1e)")
-
-
-def encode_chat(tokenizer, messages: list[ChatMessage]) -> list[int]:
-    """Token ids of the chat template applied to ``messages``, with a generation prompt.
-
-    Message contents are tokenized with special tokens split into plain text, so a user
-    who types ``<|im_start|>system`` gets those characters, not a new role. We render the
-    template with a placeholder per message, then tokenize the template's own text (where
-    special tokens are real) and each content (where they are not) separately.
-    """
-    placeholders = [{"role": m.role, "content": _SENTINEL.format(i)} for i, m in enumerate(messages)]
-    rendered = tokenizer.apply_chat_template(placeholders, tokenize=False, add_generation_prompt=True)
-    ids: list[int] = []
-    for piece in _SENTINEL_RE.split(rendered):
-        if not piece:
-            continue
-        if _SENTINEL_RE.fullmatch(piece):
-            content = messages[int(piece.strip("\x1e"))].content
-            ids += tokenizer(content, add_special_tokens=False, split_special_tokens=True).input_ids
-        else:
-            ids += tokenizer(piece, add_special_tokens=False).input_ids
-    return ids
-
-
-def build_prompt(tokenizer, messages: list[ChatMessage], max_prompt_tokens: int) -> Prompt:
-    """Fit the conversation into ``max_prompt_tokens`` by dropping the oldest turns.
-
-    The system prompt and the newest user message are always kept; if those alone are too
-    long, ``PromptTooLong`` says by how much.
-    """
-    system = [m for m in messages[:1] if m.role == "system"]
-    turns = messages[len(system) :]
-    for dropped in range(len(turns)):
-        kept = turns[dropped:]
-        if kept[0].role != "user" and len(kept) > 1:
-            continue  # a conversation restarts at a user turn
-        ids = encode_chat(tokenizer, system + kept)
-        if len(ids) <= max_prompt_tokens:
-            return Prompt(ids=ids, dropped_turns=dropped)
-    raise PromptTooLong(
-        f"The message is too long: it needs {len(ids)} tokens with the system prompt, and "
-        f"this model accepts at most {max_prompt_tokens} prompt tokens (its context window "
-        f"minus room for the reply). Please shorten it."
-    )
-
-
-# --- sampling -----------------------------------------------------------------------
-
-
-def sample(
-    logits: torch.Tensor,  # [V], float32
-    params: SamplingParams,
-    previous: torch.Tensor,  # [T] ids already in the conversation, for repetition_penalty
-    generator: torch.Generator | None,
-) -> int:
-    """Repetition penalty, then greedy, or temperature → top-k → top-p → one draw.
-
-    Works on the top-k candidates only (``torch.topk`` is cheap; a sort of a 150k vocabulary
-    is not), and draws by inverting the cumulative distribution with one uniform number:
-    ``torch.multinomial`` over the full vocabulary costs milliseconds per token.
-    """
-    if params.repetition_penalty != 1.0 and previous.numel():
-        scores = logits[previous]
-        penalized = torch.where(scores < 0, scores * params.repetition_penalty, scores / params.repetition_penalty)
-        logits = logits.index_put((previous,), penalized)  # out of place: the caller's logits stay as they were
-    if params.greedy:
-        return int(torch.argmax(logits))
-    logits = logits / params.temperature
-    if 0 < params.top_k < logits.numel():
-        candidates, ids = torch.topk(logits, params.top_k)  # [k], sorted descending
-    elif params.top_p < 1.0:
-        candidates, ids = torch.sort(logits, descending=True)  # top-p needs the order
-    else:
-        candidates, ids = logits, None  # the full distribution, unordered
-    probs = torch.softmax(candidates, dim=-1)
-    if params.top_p < 1.0:  # keep the smallest prefix whose mass reaches top_p
-        keep = probs.cumsum(dim=-1) - probs < params.top_p
-        probs = probs * keep
-    cdf = probs.cumsum(dim=-1)
-    u = torch.rand(1, generator=generator) * cdf[-1]
-    pick = min(int(torch.searchsorted(cdf, u)), cdf.numel() - 1)
-    return int(ids[pick]) if ids is not None else pick
-
-
-# --- the engine ---------------------------------------------------------------------
-
-
-@dataclass
-class EngineConfig:
-    max_context_tokens: int = 4096  # cap on the model's own window, to bound CPU memory
-    session_cache_bytes: int = 256 * 2**20  # conversation KV caches kept across turns
-    repetition_window: int = 256  # how many recent ids repetition_penalty looks at
-
-
 @dataclass
 class Engine:
     """Generation over a decoder: anything with ``new_cache()`` and ``forward(ids [S], cache) -> [V]``
@@ -198,7 +83,8 @@ class Engine:
     decoder: object
     tokenizer: object
     stop_ids: set[int]
-    config: EngineConfig = field(default_factory=EngineConfig)
+    config: EngineConfig
+    worker: int = -1  # named in each reply's metrics
 
     def __post_init__(self) -> None:
         self.context_tokens = min(self.decoder.max_seq_len, self.config.max_context_tokens)
@@ -207,7 +93,8 @@ class Engine:
     # prompt --------------------------------------------------------------------------
 
     def prompt(self, messages: list[ChatMessage], max_new_tokens: int) -> Prompt:
-        """Leave room for at least a short reply: up to ``max_new_tokens``, at least 1/4 of the window."""
+        """The prompt, fitted to leave room for the reply: ``max_new_tokens``, but at most a
+        quarter of the window (so a long history still fits) and at least one token."""
         room = min(max_new_tokens, self.context_tokens // 4)
         return build_prompt(self.tokenizer, messages, self.context_tokens - max(room, 1))
 
@@ -274,7 +161,7 @@ class Engine:
         logits = self.decoder.forward(torch.tensor(chunk), seq.cache, logits=not seq.pending)  # [V]
         if seq.pending:
             return None
-        return self._emit(seq, sample(logits, seq.params, seq.history, seq.generator))
+        return self._take(seq, sample(logits, seq.params, seq.history, seq.generator))
 
     @torch.no_grad()
     def step(self, seqs: list[Sequence]) -> list[tuple[Sequence, Step]]:
@@ -286,12 +173,13 @@ class Engine:
         logits = self.decoder.forward_batch(tokens, [s.cache for s in live])  # [B, V]
         steps = []
         for seq, row in zip(live, logits, strict=True):
-            step = self._emit(seq, sample(row, seq.params, seq.history, seq.generator))
+            step = self._take(seq, sample(row, seq.params, seq.history, seq.generator))
             if step is not None:
                 steps.append((seq, step))
         return steps
 
-    def _emit(self, seq: Sequence, token: int) -> Step | None:
+    def _take(self, seq: Sequence, token: int) -> Step | None:
+        """Record a sampled token: a stop token ends the sequence, others add text."""
         now = time.perf_counter()
         seq.first_token_at = seq.first_token_at or now
         seq.last_token_at = now
@@ -312,39 +200,12 @@ class Engine:
         self._keep_session(seq.session_id, in_cache, seq.cache)  # a stopped turn's cache is still useful
         n = len(seq.generated)
         decode_s = seq.last_token_at - seq.first_token_at
-        return Finished(
-            reason=reason,
+        metrics = Metrics(
+            worker=self.worker,
             prompt_tokens=len(seq.prompt_ids),
             cached_prompt_tokens=seq.cached,
             completion_tokens=n,
             ttft_ms=(seq.first_token_at - seq.started) * 1000 if seq.first_token_at else 0.0,
             decode_tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0,
-            tail_text=seq.detok.flush(),
         )
-
-    def generate(self, prompt_ids: list[int], params: SamplingParams, session_id: str | None = None) -> Iterator[Step | Finished]:
-        """One sequence on its own: a ``Step`` per token, then ``Finished``. ``close()`` cancels."""
-        seq, first = self.start(prompt_ids, params, session_id)
-        try:
-            if first is not None:
-                yield first
-            while seq.reason is None:
-                for _, step in self.step([seq]):
-                    yield step
-        except GeneratorExit:
-            self.finish(seq, FinishReason.CANCELLED)
-            raise
-        yield self.finish(seq)
-
-
-def stop_token_ids(tokenizer, generation_eos: int | list[int] | None) -> set[int]:
-    """EOS ids from the tokenizer and the generation config, plus known end-of-turn tokens."""
-    ids: set[int] = set()
-    for source in (tokenizer.eos_token_id, generation_eos):
-        if isinstance(source, int):
-            ids.add(source)
-        elif source:
-            ids.update(source)
-    vocab = tokenizer.get_vocab()
-    ids.update(vocab[t] for t in END_OF_TURN_TOKENS if t in vocab)
-    return ids
+        return Finished(reason, metrics, seq.detok.flush())

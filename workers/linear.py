@@ -11,7 +11,6 @@ next to the matmul.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import torch

