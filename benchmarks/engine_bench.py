@@ -46,7 +46,7 @@ def main(spec: dict) -> dict:
     result["decode_tok_s"] = [DECODE_TOKENS / runner.decode(DECODE_TOKENS) for _ in range(spec["repeats"])]
     if isinstance(runner, Lean):
         result["kernel"] = runner.kernel
-        result["private_weight_bytes"] = runner.decoder.private_weight_bytes
+        result["private_weight_bytes"] = runner.private_weight_bytes
         if spec.get("chunked_prefill"):
             result["chunked_prefill"] = [runner.chunked_prefill() for _ in range(spec["repeats"])]
         result["turn_ttft_ms"] = {
@@ -118,6 +118,7 @@ class Lean:
         weights = prepare(spec["model"], spec["kernel"], Path(spec["cache_dir"]))
         loaded = load(spec["model"], weights=str(weights), prefill=spec["prefill"], threads=torch.get_num_threads())
         self.decoder, self.tokenizer = loaded.decoder, loaded.tokenizer
+        self.private_weight_bytes = loaded.private_weight_bytes
         self.kernel = {"decode": spec["kernel"], "prefill": self.decoder.prefill_path}
 
     def prefill(self, ids) -> float:

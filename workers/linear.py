@@ -59,7 +59,7 @@ def build_linear(kernel: Kernel, packed: Packed, prefill: str, bias: torch.Tenso
     decode = _DECODE[kernel.name](packed, threads)
     prefill_fn = prefill_path(packed, prefill, decode, threads)
     return Linear(decode, prefill_fn, prefill_fn if kernel.quantizes_activations else decode, dtype,
-                  bias.to(dtype) if bias is not None else None, packed, private=not kernel.shared)
+                  bias.to(dtype) if bias is not None else None, packed)
 
 
 class Linear:
@@ -73,12 +73,11 @@ class Linear:
     """
 
     def __init__(self, decode: Matmul, prefill: Matmul, few_rows: Matmul, dtype: torch.dtype,
-                 bias: torch.Tensor | None, packed: Packed, private: bool) -> None:
+                 bias: torch.Tensor | None, packed: Packed) -> None:
         self.decode, self.prefill, self.few_rows = decode, prefill, few_rows
         self.dtype, self.bias, self.packed = dtype, bias, packed
         self.out_features, self.in_features = packed["w"].shape[0], _in_features(packed)
         self.nbytes = sum(t.numel() * t.element_size() for t in packed.values())
-        self.private_bytes = self.nbytes if private else 0  # a packed copy of the worker's own
 
     def __call__(self, x: torch.Tensor, prompt: bool = False) -> torch.Tensor:  # x: [..., K] -> [..., N]
         rows = x.reshape(-1, x.shape[-1])  # [M, K]

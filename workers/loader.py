@@ -176,6 +176,17 @@ class Loaded:
     tokenizer: object
     decoder: object  # workers.model.Transformer or workers.hf_decoder.HFDecoder
     stop_ids: set[int]
+    private_weight_bytes: int = 0  # measured: memory of its own the decoder's kernels packed
+
+
+def anonymous_bytes(smaps: Path = Path("/proc/self/smaps_rollup")) -> int:
+    """This process's anonymous (private, written) memory. A kernel's own packed copy of the
+    weights adds to it; the shared weights map is file-backed and does not."""
+    try:
+        line = next(line for line in smaps.read_text().splitlines() if line.startswith("Anonymous:"))
+    except (OSError, StopIteration):
+        return 0
+    return int(line.split()[1]) * 1024
 
 
 def load(path: str, dtype: str = "float32", weights: str | None = None, prefill: str | None = None,
@@ -201,12 +212,12 @@ def load(path: str, dtype: str = "float32", weights: str | None = None, prefill:
         from workers.weights import map_prepared
 
         args, kernel, tensors = map_prepared(Path(weights))
+        before = anonymous_bytes()
         decoder = Transformer(args, tensors, kernel, prefill, threads)
-    else:
-        from transformers import AutoModelForCausalLM
+        return Loaded(tokenizer, decoder, stop_token_ids(tokenizer, eos), max(0, anonymous_bytes() - before))
+    from transformers import AutoModelForCausalLM
 
-        from workers.hf_decoder import HFDecoder
+    from workers.hf_decoder import HFDecoder
 
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
-        decoder = HFDecoder(model.eval())
-    return Loaded(tokenizer, decoder, stop_token_ids(tokenizer, eos))
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    return Loaded(tokenizer, HFDecoder(model.eval()), stop_token_ids(tokenizer, eos))

@@ -226,10 +226,6 @@ class Transformer:
         """Bytes of weights one decode step reads: the memory-bandwidth bound of decoding."""
         return sum(l.nbytes for l in self.linears)
 
-    @property
-    def private_weight_bytes(self) -> int:
-        """Bytes of packed weights this process holds privately (0 when every kernel reads the shared map)."""
-        return sum(l.private_bytes for l in self.linears)
 
 
 def _attend(cache: KVCache, layer: int, q, k, v, start: int, mask) -> torch.Tensor:

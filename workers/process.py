@@ -109,7 +109,7 @@ def run_worker(spec: WorkerSpec, conn) -> None:
                 dtype=spec.dtype,
                 load_s=load_s,
                 kernels=spec.kernels or f"transformers, {spec.dtype}",
-                private_weight_bytes=getattr(loaded.decoder, "private_weight_bytes", 0),
+                private_weight_bytes=loaded.private_weight_bytes,
             )
         )
         serve_requests(engine, conn, spec.layout.worker_id)
