@@ -17,6 +17,8 @@ def test_flags_override_the_file(tmp_path):
     cfg = parse_config(["--config", str(path), "--port", "9100", "--threads-per-worker", "1"])
     assert (cfg.workers, cfg.port, cfg.threads_per_worker) == (3, 9100, 1)
     assert cfg.sampling.temperature == 0.2
+    defaults = load_config()  # the file changed only what it lists; the rest is configs/default.toml's
+    assert (cfg.model, cfg.max_batch, cfg.sampling.top_p) == (defaults.model, defaults.max_batch, defaults.sampling.top_p)
 
 
 def test_unknown_key_is_named(tmp_path):

@@ -81,6 +81,21 @@ def test_long_history_drops_oldest_turns(tiny_engine):
     assert text.count("sys") >= 1 and "last" in text and "question 0 " not in text
 
 
+def test_fitting_a_long_history_encodes_it_a_logarithmic_number_of_times(tiny_engine, monkeypatch):
+    """A hostile client's 200-turn history must not cost 200 encodings of 200 turns."""
+    import workers.prompt
+
+    calls = []
+    encode = workers.prompt.encode_chat
+    monkeypatch.setattr(workers.prompt, "encode_chat", lambda tok, msgs: calls.append(len(msgs)) or encode(tok, msgs))
+    history = [ChatMessage("user" if i % 2 == 0 else "assistant", f"turn {i} " * 20) for i in range(200)]
+    prompt = tiny_engine.prompt(history + [ChatMessage("user", "last")], 64)
+    assert 0 < prompt.dropped_turns < 200 and len(prompt.ids) <= tiny_engine.context_tokens
+    assert len(calls) <= 12  # about log2(100 places to restart) + 2, where one encoding per turn would be 100
+    assert len(workers.prompt.encode_chat(tiny_engine.tokenizer, history[prompt.dropped_turns - 2:] + [
+        ChatMessage("user", "last")])) > tiny_engine.context_tokens - 64  # and it dropped no more than needed
+
+
 def test_a_single_message_over_the_window_says_the_limit(tiny_engine):
     with pytest.raises(PromptTooLong, match=r"at most \d+ prompt tokens"):
         tiny_engine.prompt([ChatMessage("user", "word " * 1000)], 64)

@@ -1,4 +1,4 @@
-"""Choose the linear kernels by timing them on this machine, once, and remember the verdict.
+"""Time the candidate linear kernels on this machine, once, and remember the timings.
 
 Every candidate in ``workers.kernels`` that this machine can run is timed on the model's
 own layer shapes (q/k/v, o, gate/up, down), in a process pinned and threaded like a worker:

@@ -53,22 +53,37 @@ def build_prompt(tokenizer, messages: list[ChatMessage], max_prompt_tokens: int)
     """Fit the conversation into ``max_prompt_tokens`` by dropping the oldest turns.
 
     The system prompt and the newest user message are always kept; if those alone are too
-    long, ``PromptTooLong`` says by how much.
+    long, ``PromptTooLong`` says by how much. The fewest turns to drop are found by binary
+    search over the places a conversation can restart (a user turn): dropping more never
+    makes a prompt longer, so a long history costs O(log n) encodings, not one per turn.
     """
     system = [m for m in messages[:1] if m.role == "system"]
     turns = messages[len(system) :]
-    for dropped in range(len(turns)):
-        kept = turns[dropped:]
-        if kept[0].role != "user" and len(kept) > 1:
-            continue  # a conversation restarts at a user turn
-        ids = encode_chat(tokenizer, system + kept)
-        if len(ids) <= max_prompt_tokens:
-            return Prompt(ids=ids, dropped_turns=dropped)
-    raise PromptTooLong(
-        f"The message is too long: it needs {len(ids)} tokens with the system prompt, and "
-        f"this model accepts at most {max_prompt_tokens} prompt tokens (its context window "
-        f"minus room for the reply). Please shorten it."
-    )
+    starts = sorted({0, len(turns) - 1} | {i for i, m in enumerate(turns) if m.role == "user"})
+
+    def fits(start: int) -> list[int] | None:
+        ids = encode_chat(tokenizer, system + turns[start:])
+        return ids if len(ids) <= max_prompt_tokens else None
+
+    if (ids := fits(starts[0])) is not None:
+        return Prompt(ids=ids, dropped_turns=starts[0])
+    low, high = 0, len(starts) - 1  # starts[low] does not fit; find the first that does
+    last = fits(starts[high])
+    if last is None:
+        needed = len(encode_chat(tokenizer, system + turns[starts[high]:]))
+        raise PromptTooLong(
+            f"The message is too long: it needs {needed} tokens with the system prompt, and "
+            f"this model accepts at most {max_prompt_tokens} prompt tokens (its context window "
+            f"minus room for the reply). Please shorten it."
+        )
+    best = (starts[high], last)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if (ids := fits(starts[middle])) is not None:
+            high, best = middle, (starts[middle], ids)
+        else:
+            low = middle
+    return Prompt(ids=best[1], dropped_turns=best[0])
 
 
 def stop_token_ids(tokenizer, generation_eos: int | list[int] | None) -> set[int]:

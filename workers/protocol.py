@@ -1,4 +1,4 @@
-"""Every message that crosses a worker pipe, in one place.
+"""Every message that crosses a worker pipe, and the settings a worker starts with, in one place.
 
 The dispatcher and the worker speak only in these frozen dataclasses; each carries the
 ``request_id`` it belongs to, so one request's tokens can only ever reach that request's
