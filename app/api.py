@@ -31,6 +31,7 @@ from app.startup import Startup
 from app.validation import (
     MAX_MESSAGE_CHARS,
     MAX_MESSAGES,
+    MAX_REQUEST_BYTES,
     MAX_NEW_TOKENS,
     REPETITION_PENALTY_RANGE,
     TEMPERATURE_RANGE,
@@ -93,8 +94,17 @@ class ChatRequest(BaseModel):
 
 
 async def parse_body(request: Request) -> ChatRequest:
-    """Decode and validate by hand, so a body that is not UTF-8 JSON gets a message that says so."""
-    raw = await request.body()
+    """Read at most ``MAX_REQUEST_BYTES`` (413 past that, before parsing anything), then decode
+    and validate by hand, so a body that is not UTF-8 JSON gets a message that says so."""
+    too_large = HTTPException(413, f"The request body is larger than {MAX_REQUEST_BYTES // 2**20} MiB; "
+                                   "send a shorter conversation.")
+    if int(request.headers.get("content-length") or 0) > MAX_REQUEST_BYTES:
+        raise too_large
+    raw = bytearray()
+    async for part in request.stream():
+        raw += part
+        if len(raw) > MAX_REQUEST_BYTES:
+            raise too_large
     try:
         data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
