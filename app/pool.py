@@ -13,8 +13,10 @@ machines) implements the same calls:
     on_exit(worker_id, exit_code)    # it died; the pool respawns it after a backoff
     await pool.stop()                # Shutdown, then make sure each one exited (by pid)
 
-One duplex ``multiprocess`` Pipe per worker, and one reader thread per pipe that blocks on
-it (never the event loop) and hands each message to the loop with ``call_soon_threadsafe``.
+One duplex ``multiprocess`` Pipe per worker, with one reader thread that blocks on it and
+hands each message to the loop with ``call_soon_threadsafe``, and one writer thread that
+sends what ``send`` queued: a pipe write blocks while the worker is busy and its buffer is
+full (a long conversation is megabytes), and the event loop must never wait on a worker.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -63,6 +66,7 @@ class WorkerProcess:
     spec: WorkerSpec | None = None
     process: object = None
     conn: object = None
+    outbox: queue.SimpleQueue | None = None  # what the writer thread sends; None ends it
     started_at: float = 0.0
     restarts: int = 0
     crashes_in_a_row: int = 0
@@ -95,11 +99,12 @@ class ProcessPool:
             self._spawn(self.workers[worker_id])
 
     def send(self, worker_id: int, msg: ToWorker) -> None:
+        """Queue ``msg`` for the worker's writer thread: returns at once, in order per worker."""
         worker = self.workers[worker_id]
-        try:
-            worker.conn.send(msg)
-        except (OSError, ValueError, AttributeError):  # dead or never started: its reader reports that
-            log.warning("worker %d: could not send %s (pipe closed)", worker_id, type(msg).__name__)
+        if worker.outbox is None:  # never started
+            log.warning("worker %d: could not send %s (not running)", worker_id, type(msg).__name__)
+            return
+        worker.outbox.put(msg)
 
     async def stop(self) -> None:
         """Ask every worker to exit, then make sure each one has (by pid, never by name)."""
@@ -123,10 +128,15 @@ class ProcessPool:
                                     name=f"chat-worker-{worker.id}")
         process.start()
         child.close()  # so the parent sees EOF when the worker dies
+        if worker.outbox is not None:
+            worker.outbox.put(None)  # the old writer, if it still waits
         worker.process, worker.conn, worker.started_at = process, parent, time.monotonic()
+        worker.outbox = queue.SimpleQueue()
         self._on_spawn(worker.id)
         threading.Thread(target=self._read, args=(worker, parent, process), daemon=True,
                          name=f"worker-{worker.id}-reader").start()
+        threading.Thread(target=self._write, args=(worker.id, parent, worker.outbox), daemon=True,
+                         name=f"worker-{worker.id}-writer").start()
         log.info("worker %d: loading %s and warming up (pid %d, cpus %s, %d threads)", worker.id,
                  worker.spec.model_name, process.pid, worker.layout.cpus, worker.layout.threads)
 
@@ -144,9 +154,20 @@ class ProcessPool:
                 return
             call_soon(self._loop, self._on_message, worker.id, msg)
 
+    @staticmethod
+    def _write(worker_id: int, conn, outbox: queue.SimpleQueue) -> None:
+        """Runs in a thread per worker process: send what ``send`` queued, in order."""
+        while (msg := outbox.get()) is not None:
+            try:
+                conn.send(msg)
+            except (OSError, ValueError):  # the worker died: its reader reports that
+                log.warning("worker %d: could not send %s (pipe closed)", worker_id, type(msg).__name__)
+                return
+
     def _exited(self, worker: WorkerProcess, conn, code: int | None) -> None:
         if conn is not worker.conn:  # a stale reader of an already replaced process
             return
+        worker.outbox.put(None)
         self._on_exit(worker.id, code)
         if self._stopping:
             return
