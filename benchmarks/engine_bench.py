@@ -152,45 +152,44 @@ class Lean:
         """One reply decoding in the worker's own batch loop when a ``prompt_tokens`` prompt
         arrives: the reply's usual ms per token, its longest gap while the prompt prefills
         in chunks, and what that prefill costs in chunks and in one piece (the gap there
-        would be without chunking)."""
+        would be without chunking). Token times are taken where the worker sends them
+        (the random model's tokens often decode to no text, so chunks would be sparse)."""
         from workers.engine import Engine
         from workers.process import Batch
-        from workers.protocol import ChatMessage, Chunk, Generate, SamplingParams
+        from workers.protocol import ChatMessage, Generate, SamplingParams
 
-        class Timeline:  # stands in for the pipe: what the worker sends, when
-            def __init__(self) -> None:
-                self.sent: list[tuple[float, object]] = []
-
+        class Discard:  # stands in for the pipe
             def send(self, msg) -> None:
-                self.sent.append((time.perf_counter(), msg))
+                pass
 
-        def chunks(rid: str) -> list[tuple[float, int]]:
-            return [(t, m.tokens) for t, m in conn.sent if isinstance(m, Chunk) and m.request_id == rid]
+        class TimedBatch(Batch):
+            times: dict[str, list[float]] = {"reply": [], "long": []}
 
-        conn = Timeline()
-        batch = Batch(Engine(self.decoder, self.tokenizer, set()), conn, 0)  # no stop ids: runs to its budget
-        params = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=2000)
+            def _send(self, seq, step) -> None:
+                self.times[seq.key].append(time.perf_counter())
+
+        batch = TimedBatch(Engine(self.decoder, self.tokenizer, set()), Discard(), 0)  # no stop ids
+        params = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=4000)
         batch.admit(Generate("reply", (ChatMessage("user", "Hello"),), params))
-        while len(chunks("reply")) < 30:
+        while len(batch.times["reply"]) < 30:
             batch.step()
         text = self.tokenizer.decode(self.torch.randint(100, 40000, (prompt_tokens,)).tolist())
         long_ids = self.tokenizer(text).input_ids[:prompt_tokens]
         sent = time.perf_counter()
         batch.admit(Generate("long", (ChatMessage("user", self.tokenizer.decode(long_ids)),),
                              SamplingParams(temperature=0.0, max_new_tokens=2)))
-        while not chunks("long"):
+        while not batch.times["long"]:
             batch.step()
-        first = chunks("long")[0][0]
-        before = [(t1 - t0) / (n1 - n0) for (t0, n0), (t1, n1) in zip(chunks("reply"), chunks("reply")[1:])
-                  if n1 > n0 and t1 <= sent]
-        during = [t1 - t0 for (t0, _), (t1, _) in zip(chunks("reply"), chunks("reply")[1:]) if sent <= t1 <= first]
+        first, reply = batch.times["long"][0], batch.times["reply"]
+        gaps = [(t1, t1 - t0) for t0, t1 in zip(reply, reply[1:])]
+        usual = sorted(g for t, g in gaps if t <= sent)[len([1 for t, _ in gaps if t <= sent]) // 2]
+        worst = max(g for t, g in gaps if sent <= t <= first)
         started = time.perf_counter()
         self.decoder.forward(self.torch.tensor(long_ids), self.decoder.new_cache())
         one_piece = time.perf_counter() - started
-        usual = sorted(before)[len(before) // 2]
-        return {"usual_ms_per_token": usual * 1000, "longest_gap_ms": max(during) * 1000,
-                "longest_gap_x": max(during) / usual, "prefill_chunked_ms": (first - sent) * 1000,
-                "prefill_one_piece_ms": one_piece * 1000, "chunk_tokens": batch.chunk.tokens}
+        return {"usual_ms_per_token": usual * 1000, "longest_gap_ms": worst * 1000, "longest_gap_x": worst / usual,
+                "prefill_chunked_ms": (first - sent) * 1000, "prefill_one_piece_ms": one_piece * 1000,
+                "chunk_tokens": batch.chunk.tokens}
 
     def conversation(self, reuse: bool) -> list[float]:
         """TTFT (ms) of each turn; each turn adds a user message and a forced reply to the history.
