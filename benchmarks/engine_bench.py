@@ -7,8 +7,9 @@
 app's own choice, measured by ``workers.calibrate`` exactly as the server does at start-up.
 
 prints one JSON line: prefill ms for 64- and 512-token prompts, decode tok/s for 64 forced
-new tokens at batch 1, and (lean only) the TTFT of each turn of a 5-turn conversation
-with and without the conversation KV cache.
+new tokens at batch 1; for the lean decoder the kernels and the matmul floor, and with
+``"serving": true`` the TTFT of each turn of a 5-turn conversation with and without the
+conversation KV cache, and the chunked-prefill gap.
 """
 
 from __future__ import annotations
@@ -47,12 +48,12 @@ def main(spec: dict) -> dict:
     if isinstance(runner, Lean):
         result["kernel"] = runner.kernel
         result["private_weight_bytes"] = runner.private_weight_bytes
-        if spec.get("chunked_prefill"):
+        if spec.get("serving"):  # what only the app's own choice needs: turns, chunked prefill
             result["chunked_prefill"] = [runner.chunked_prefill() for _ in range(spec["repeats"])]
-        result["turn_ttft_ms"] = {
-            "with_cache": [runner.conversation(reuse=True) for _ in range(spec["repeats"])],
-            "without_cache": [runner.conversation(reuse=False) for _ in range(spec["repeats"])],
-        }
+            result["turn_ttft_ms"] = {
+                "with_cache": [runner.conversation(reuse=True) for _ in range(spec["repeats"])],
+                "without_cache": [runner.conversation(reuse=False) for _ in range(spec["repeats"])],
+            }
         result["weight_bytes_per_token"] = runner.decoder.weight_bytes_per_token
         result["matmul_floor_ms"] = [runner.matmul_floor() * 1000 for _ in range(spec["repeats"])]
     return result
@@ -153,47 +154,48 @@ class Lean:
         """One reply decoding in the worker's own batch loop when a ``prompt_tokens`` prompt
         arrives: the reply's usual ms per token, its longest gap while the prompt prefills
         in chunks, and what that prefill costs in chunks and in one piece (the gap there
-        would be without chunking)."""
+        would be without chunking). Token times are taken where the worker sends them
+        (the random model's tokens often decode to no text, so chunks would be sparse)."""
         from app.config import load_config
         from workers.engine import Engine
         from workers.process import Batch
-        from workers.protocol import ChatMessage, Chunk, EngineConfig, Generate, SamplingParams
+        from workers.protocol import ChatMessage, EngineConfig, Generate, SamplingParams
 
-        class Timeline:  # stands in for the pipe: what the worker sends, when
-            def __init__(self) -> None:
-                self.sent: list[tuple[float, object]] = []
-
+        class Discard:  # stands in for the pipe
             def send(self, msg) -> None:
-                self.sent.append((time.perf_counter(), msg))
+                pass
 
-        def chunks(rid: str) -> list[tuple[float, int]]:
-            return [(t, m.tokens) for t, m in conn.sent if isinstance(m, Chunk) and m.request_id == rid]
+        class TimedBatch(Batch):
+            def __init__(self, *args) -> None:
+                super().__init__(*args)
+                self.times: dict[str, list[float]] = {"reply": [], "long": []}
 
-        conn = Timeline()
+            def _send(self, seq, step) -> None:
+                self.times[seq.key].append(time.perf_counter())
+
         config = EngineConfig(max_context_tokens=load_config().max_context_tokens)
-        batch = Batch(Engine(self.decoder, self.tokenizer, set(), config), conn, 0)  # no stop ids: runs to its budget
-        params = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=2000)
+        batch = TimedBatch(Engine(self.decoder, self.tokenizer, set(), config), Discard(), 0)  # no stop ids
+        params = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=4000)
         batch.admit(Generate("reply", (ChatMessage("user", "Hello"),), params))
-        while len(chunks("reply")) < 30:
+        while len(batch.times["reply"]) < 30:
             batch.step()
         text = self.tokenizer.decode(self.torch.randint(100, 40000, (prompt_tokens,)).tolist())
         long_ids = self.tokenizer(text).input_ids[:prompt_tokens]
         sent = time.perf_counter()
         batch.admit(Generate("long", (ChatMessage("user", self.tokenizer.decode(long_ids)),),
                              SamplingParams(temperature=0.0, max_new_tokens=2)))
-        while not chunks("long"):
+        while not batch.times["long"]:
             batch.step()
-        first = chunks("long")[0][0]
-        before = [(t1 - t0) / (n1 - n0) for (t0, n0), (t1, n1) in zip(chunks("reply"), chunks("reply")[1:])
-                  if n1 > n0 and t1 <= sent]
-        during = [t1 - t0 for (t0, _), (t1, _) in zip(chunks("reply"), chunks("reply")[1:]) if sent <= t1 <= first]
+        first, reply = batch.times["long"][0], batch.times["reply"]
+        gaps = [(t1, t1 - t0) for t0, t1 in zip(reply, reply[1:])]
+        usual = sorted(g for t, g in gaps if t <= sent)[len([1 for t, _ in gaps if t <= sent]) // 2]
+        worst = max(g for t, g in gaps if sent <= t <= first)
         started = time.perf_counter()
         self.decoder.forward(self.torch.tensor(long_ids), self.decoder.new_cache())
         one_piece = time.perf_counter() - started
-        usual = sorted(before)[len(before) // 2]
-        return {"usual_ms_per_token": usual * 1000, "longest_gap_ms": max(during) * 1000,
-                "longest_gap_x": max(during) / usual, "prefill_chunked_ms": (first - sent) * 1000,
-                "prefill_one_piece_ms": one_piece * 1000, "chunk_tokens": batch.chunk.tokens}
+        return {"usual_ms_per_token": usual * 1000, "longest_gap_ms": worst * 1000, "longest_gap_x": worst / usual,
+                "prefill_chunked_ms": (first - sent) * 1000, "prefill_one_piece_ms": one_piece * 1000,
+                "chunk_tokens": batch.chunk.tokens}
 
     def conversation(self, reuse: bool) -> list[float]:
         """TTFT (ms) of each turn; each turn adds a user message and a forced reply to the history.

@@ -38,7 +38,7 @@ KERNEL_ROWS = ("fp32", "bf16", "fp16-fbgemm", "int8pack-bf16", "int8pack-fp32", 
 ENGINES = [  # label, spec (threads None = torch's default)
     (BASELINE, {"engine": "hf-generate", "dtype": "float32", "threads": None}),
     ("HF generate bf16", {"engine": "hf-generate", "dtype": "bfloat16", "threads": 2}),
-    (AUTO, {"engine": "lean", "kernel": "auto", "threads": 2, "chunked_prefill": True}),
+    (AUTO, {"engine": "lean", "kernel": "auto", "threads": 2, "serving": True}),
     *((f"lean, {k} forced", {"engine": "lean", "kernel": k, "threads": 2}) for k in KERNEL_ROWS),
 ]
 CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")

@@ -148,6 +148,7 @@ class Engine:
             seq.reason = FinishReason.LENGTH
         else:
             seq.pending = list(prompt_ids[seq.cached :])
+            seq.cache.reserve(len(prompt_ids))  # now, not by doubling between prefill chunks
         return seq
 
     @torch.no_grad()

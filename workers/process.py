@@ -130,24 +130,28 @@ def warm_up(engine, tokens: int) -> None:
 
 @dataclass
 class ChunkSize:
-    """How many prompt tokens to prefill between two decode steps: about ``target`` of a step.
+    """How many prompt tokens to prefill between two decode steps.
 
-    Each chunk's cost per token sets the next chunk's size (growing at most 2x at a time,
-    since small chunks cost more per token than large ones), so it settles on what this
-    model, kernel and CPU prefill in that time, whatever they are.
+    A chunk runs on the decode kernels: it costs a fixed part (reading the weights, about
+    one decode step's worth) plus a part per token. The size is the largest whose chunk
+    stays within ``budget_steps`` decode steps, found as TCP finds a window: a little
+    larger after each chunk within budget, a quarter smaller after one over it. The other
+    replies then wait about ``1 + budget_steps`` steps per token while a prompt prefills.
     """
 
-    tokens: int = 4  # the first chunk is small: a long one would be the very freeze chunking avoids
-    least: int = 4
+    tokens: int = 8
+    least: int = 1
     most: int = PREFILL_FROM_ROWS - 1  # so chunks stay on the decode kernels, which cost no widening per call
-    target: float = 0.8  # of a decode step: the other replies then wait under two steps per token
+    budget_steps: float = 1.5
     step_s: float = 0.0  # the latest decode step's duration
 
     def update(self, chunk_tokens: int, chunk_s: float) -> None:
-        if not self.step_s or chunk_tokens < self.tokens or chunk_s <= 0:  # a prompt's short tail says little
+        if not self.step_s or chunk_tokens < self.tokens:  # a prompt's short tail says little
             return
-        wanted = int(self.target * self.step_s * chunk_tokens / chunk_s)
-        self.tokens = max(self.least, min(self.most, wanted, 2 * self.tokens))
+        if chunk_s <= self.budget_steps * self.step_s:
+            self.tokens = min(self.most, self.tokens + max(1, self.tokens // 8))
+        else:
+            self.tokens = max(self.least, self.tokens * 3 // 4)
 
 
 class Batch:
