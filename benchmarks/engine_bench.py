@@ -163,7 +163,9 @@ class Lean:
                 pass
 
         class TimedBatch(Batch):
-            times: dict[str, list[float]] = {"reply": [], "long": []}
+            def __init__(self, *args) -> None:
+                super().__init__(*args)
+                self.times: dict[str, list[float]] = {"reply": [], "long": []}
 
             def _send(self, seq, step) -> None:
                 self.times[seq.key].append(time.perf_counter())
