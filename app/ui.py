@@ -24,8 +24,22 @@ from app.startup import Startup, progress_bar
 from app.validation import InvalidInput, check_message, clamp_params, clean_text
 from workers.protocol import ChatMessage, Chunk, Done, ErrorCode, Failed, FinishReason, Notice, SamplingParams
 
-STATS_PREFIX = "\n\n<sub>⚡ "
-_STATS_RE = re.compile(re.escape(STATS_PREFIX) + r".*</sub>\s*$", re.S)
+# What the page adds to a reply; none of it is the model's, so none of it goes back into a prompt.
+STATS_PREFIX = "\n\n<sub>⚡ "  # the stats footer
+NOTICE_PREFIX = "<sub>ℹ️ "  # a notice before the reply (e.g. old turns left out)
+ERROR_PREFIX = "\n\n⚠️ "  # the reason a reply ended early
+WAITING_PREFIX = "◐ "  # the place in line, shown until the reply starts
+_NOTICE_RE = re.compile(re.escape(NOTICE_PREFIX) + r".*?</sub>\n\n", re.S)
+
+
+def model_words(content: str) -> str:
+    """An assistant message as the page shows it → only what the model said."""
+    if content.startswith(WAITING_PREFIX):
+        return ""  # the reply never started
+    content = _NOTICE_RE.sub("", content)
+    for suffix in (STATS_PREFIX, ERROR_PREFIX):
+        content = content.split(suffix, 1)[0]
+    return content
 EXAMPLES = [
     "What is the capital of France?",
     "Write a haiku about a CPU that thinks it is a GPU.",
@@ -35,14 +49,17 @@ EXAMPLES = [
 
 
 def history_to_messages(system_prompt: str, history: list[dict], message: str) -> list[ChatMessage]:
-    """Gradio's messages-format history → protocol messages, without stats footers."""
+    """Gradio's messages-format history → protocol messages: what the user typed and what the
+    model said, without the page's notices, errors, queue positions and stats."""
     messages = [ChatMessage("system", clean_text(system_prompt))] if system_prompt.strip() else []
     for turn in history:
         content = turn.get("content")
         if isinstance(content, list):  # Gradio 6 may store text as [{"type": "text", "text": ...}]
             content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
-        if turn.get("role") in ("user", "assistant") and isinstance(content, str):
-            messages.append(ChatMessage(turn["role"], clean_text(_STATS_RE.sub("", content))))
+        if turn.get("role") == "assistant" and isinstance(content, str):
+            content = model_words(content)
+        if turn.get("role") in ("user", "assistant") and isinstance(content, str) and content.strip():
+            messages.append(ChatMessage(turn["role"], clean_text(content)))
     messages.append(ChatMessage("user", message))
     return messages
 
@@ -100,9 +117,9 @@ def waiting_text(dispatcher: Dispatcher, position: int) -> str:
     """Shown in place of the reply while the request waits for a worker."""
     total = len(dispatcher.workers)
     if dispatcher.ready_count == 0:
-        return (f"◐ The model is still loading (0/{total} workers ready) — you are number {position} "
+        return (f"{WAITING_PREFIX}The model is still loading (0/{total} workers ready) — you are number {position} "
                 "in line. Your reply starts as soon as a worker is ready.")
-    return f"◐ All workers are busy — you are number {position} in line."
+    return f"{WAITING_PREFIX}All workers are busy — you are number {position} in line."
 
 
 def model_banner(startup: Startup) -> str:
@@ -133,14 +150,14 @@ def build_ui(dispatcher: Dispatcher, startup: Startup, system_prompt: str,
             if isinstance(event, Queued):
                 yield waiting_text(dispatcher, event.position)
             elif isinstance(event, Notice):
-                notes += f"<sub>ℹ️ {event.text}</sub>\n\n"
+                notes += f"{NOTICE_PREFIX}{event.text}</sub>\n\n"
             elif isinstance(event, Chunk):
                 reply += event.text
                 yield notes + reply
             elif isinstance(event, Failed) and event.code is ErrorCode.BUSY:
                 raise gr.Error(event.message)  # nothing was said yet: a notice, not a reply
             elif isinstance(event, Failed):
-                yield notes + reply + f"\n\n⚠️ {event.message}"
+                yield notes + reply + f"{ERROR_PREFIX}{event.message}"
             elif isinstance(event, Done):
                 cores = next((w.cores for w in dispatcher.snapshot() if w.id == event.metrics.worker), None)
                 yield notes + reply + stats_footer(event, cores)
