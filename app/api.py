@@ -32,6 +32,7 @@ from app.validation import (
     MAX_MESSAGE_CHARS,
     MAX_MESSAGES,
     MAX_REQUEST_BYTES,
+    MAX_STOP_STRINGS,
     MAX_NEW_TOKENS,
     REPETITION_PENALTY_RANGE,
     TEMPERATURE_RANGE,
@@ -48,14 +49,36 @@ RETRY_AFTER_S = {ErrorCode.BUSY: 5}  # tells a client when trying again makes se
 
 
 class MessageIn(BaseModel):
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant"]  # developer: newer OpenAI clients' system
     content: str = Field(max_length=MAX_MESSAGE_CHARS)
 
     @field_validator("content", mode="before")
     @classmethod
     def _clean(cls, value):
-        """Broken clients send unpaired surrogates for bad UTF-8: replace them, don't 500."""
+        """Text parts (``[{"type": "text", "text": ...}]``, as LangChain and Open WebUI send) are
+        joined; other parts are refused by name. Broken clients send unpaired surrogates for
+        bad UTF-8: replace them, don't 500."""
+        if isinstance(value, list):
+            kinds = {str(part.get("type")) if isinstance(part, dict) else type(part).__name__ for part in value}
+            if others := sorted(kinds - {"text"}):
+                raise ValueError(f"only text content parts are supported, not {', '.join(others)}")
+            value = "\n".join(str(part.get("text", "")) for part in value)
         return clean_text(value) if isinstance(value, str) else value
+
+    @property
+    def chat_role(self) -> str:
+        return "system" if self.role == "developer" else self.role
+
+
+NOT_SUPPORTED = {  # fields whose non-default value this server cannot honour yet: refused, never ignored
+    "n": "n > 1 (one choice per request)",
+    "tools": "tools",
+    "tool_choice": "tool_choice",
+    "functions": "functions",
+    "logprobs": "logprobs",
+    "top_logprobs": "top_logprobs",
+    "response_format": "a response_format other than text",
+}
 
 
 class ChatRequest(BaseModel):
@@ -70,8 +93,40 @@ class ChatRequest(BaseModel):
     )
     max_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS)
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    stop: str | list[str] | None = None
     session_id: str | None = Field(None, max_length=128, description="reuse this conversation's KV cache")
+    n: int | None = None
+    tools: list | None = None
+    tool_choice: object = None
+    functions: list | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    response_format: dict | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value):
+        stops = [value] if isinstance(value, str) else value
+        if stops is not None and (len(stops) > MAX_STOP_STRINGS or any(not s or len(s) > 200 for s in stops)):
+            raise ValueError(f"stop takes up to {MAX_STOP_STRINGS} non-empty strings of at most 200 characters")
+        return stops
+
+    def refuse_unsupported(self) -> None:
+        """A 400 naming the first field set to something this server does not do yet."""
+        unsupported = {
+            "n": self.n not in (None, 1),
+            "tools": bool(self.tools),
+            "tool_choice": self.tool_choice not in (None, "none"),
+            "functions": bool(self.functions),
+            "logprobs": bool(self.logprobs),
+            "top_logprobs": bool(self.top_logprobs),
+            "response_format": self.response_format not in (None, {"type": "text"}),
+        }
+        for name, asked in unsupported.items():
+            if asked:
+                raise InvalidInput(f"This server does not support {NOT_SUPPORTED[name]} yet (field '{name}'); "
+                                   "remove it from the request.")
 
     def sampling(self, defaults: SamplingParams) -> SamplingParams:
         given = {
@@ -81,6 +136,7 @@ class ChatRequest(BaseModel):
             "repetition_penalty": self.repetition_penalty,
             "max_new_tokens": self.max_completion_tokens or self.max_tokens,
             "seed": self.seed,
+            "stop": tuple(self.stop) if self.stop else None,
         }
         return dataclasses.replace(defaults, **{k: v for k, v in given.items() if v is not None})
 
@@ -88,7 +144,7 @@ class ChatRequest(BaseModel):
         if self.messages[-1].role != "user":
             raise InvalidInput("The last message must be the user's.")
         *history, last = self.messages
-        return [ChatMessage(m.role, clean_text(m.content)) for m in history] + [
+        return [ChatMessage(m.chat_role, clean_text(m.content)) for m in history] + [
             ChatMessage("user", check_message(last.content))
         ]
 
@@ -173,6 +229,7 @@ def build_router(dispatcher: Dispatcher, startup: Startup, defaults: SamplingPar
     async def chat_completions(request: Request):
         req = await parse_body(request)
         try:
+            req.refuse_unsupported()
             messages = req.chat_messages()
         except InvalidInput as exc:
             raise HTTPException(400, str(exc)) from exc

@@ -7,7 +7,8 @@
 
 A Space runs ``python launch.py`` with no flags, so its layout comes from a config file of
 its own: 0.0.0.0:7860 (where Spaces route traffic), and one worker on the free CPU
-hardware's 2 vCPUs (batched decode; see workers.cores.auto_workers for why one). The environment still wins over the file, and flags over both.
+hardware's 2 vCPUs (batched decode; see workers.cores.auto_workers for why one). The
+environment still wins over the file, and flags over both.
 """
 
 from __future__ import annotations

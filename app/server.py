@@ -62,7 +62,8 @@ def choose_kernels(config: AppConfig, model_path: str, layout: WorkerLayout, lea
     except (AttributeError, TypeError) as exc:  # a config without the usual decoder fields
         log.warning("Cannot read the layer shapes of %s (%s); computing in float32.", model_path, exc)
         return KernelChoice("fp32", "same", "float32", 0.0, "layer shapes unknown")
-    allowed = Allowed(int8=lean and config.quantize == "int8", dtype=config.dtype, kernel=config.kernel if lean else "auto")
+    allowed = Allowed(int8=lean and config.quantize == "int8", dtype=config.dtype,
+                      kernel=config.kernel if lean else "auto")
     candidates = None if lean else ("fp32", "bf16")
     measured = calibrate(model_path, shapes, layout, config.max_batch, Path(config.cache_dir).expanduser(), candidates)
     choice = choose(measured, allowed)

@@ -117,7 +117,8 @@ def machine_id(threads: int) -> str:
     except metadata.PackageNotFoundError:
         ort = "none"
     isa = ",".join(f"{v}={os.environ[v]}" for v in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA") if v in os.environ)
-    return f"{model} (flags {flags}{', ' + isa if isa else ''}), torch {metadata.version('torch')}, onnxruntime {ort}, {threads} threads"
+    libraries = f"torch {metadata.version('torch')}, onnxruntime {ort}"
+    return f"{model} (flags {flags}{', ' + isa if isa else ''}), {libraries}, {threads} threads"
 
 
 def _load(path: Path) -> Measurement:
@@ -221,7 +222,8 @@ def _errors(kernel, weights: list, threads: int) -> dict[str, float]:
     for w in weights:
         packed = pack(kernel, w)
         for path in ("decode", *kernel.prefill_paths):
-            linear = build_linear(kernel, packed, kernel.prefill_paths[0] if path == "decode" else path, threads=threads)
+            prefill = kernel.prefill_paths[0] if path == "decode" else path
+            linear = build_linear(kernel, packed, prefill, threads=threads)
             rows = 4 if path == "decode" else PREFILL_ROWS
             x = torch.randn(rows, w.shape[1])
             run = linear.decode if path == "decode" else linear.prefill
@@ -268,8 +270,10 @@ def _time_kernel(kernel, shapes: Shapes, threads: int, max_batch: int, best: dic
     from workers.linear import build_linear, dtype_of, pack, prefill_path
 
     n = _layers_to_time(shapes, _BYTES_PER_PARAM[kernel.format])
-    layers = [{name: build_linear(kernel, pack(kernel, torch.randn(out, k) * 0.02), kernel.prefill_paths[0], threads=threads)
-               for name, out, k in shapes.linears} for _ in range(n)]
+    def random_linear(out: int, k: int):
+        return build_linear(kernel, pack(kernel, torch.randn(out, k) * 0.02), kernel.prefill_paths[0], threads=threads)
+
+    layers = [{name: random_linear(out, k) for name, out, k in shapes.linears} for _ in range(n)]
     bytes_per_layer = sum(l.nbytes for l in layers[0].values())
     dtype = dtype_of(kernel)
 

@@ -81,7 +81,8 @@ class KernelChoice:
             "decode_gb_per_s": round(self.decode_gbps, 1),
             "machine": m.machine if m else None,
             "calibration_s": round(m.seconds, 1) if m else None,
-            "ms_per_layer": {f"{t.kernel}/{t.phase}/{t.path}": round(t.ms_per_layer, 3) for t in m.timings} if m else {},
+            "ms_per_layer": {f"{t.kernel}/{t.phase}/{t.path}": round(t.ms_per_layer, 3)
+                             for t in m.timings} if m else {},
             "rel_error_vs_fp32": {k: round(v, 5) for k, v in m.errors.items()} if m else {},
             "unavailable": dict(m.unavailable) if m else {},
         }
@@ -126,7 +127,8 @@ def choose(m: Measurement, allowed: Allowed, max_error: float = MAX_REL_ERROR) -
         fitting = [name for name in KERNELS if fits(name)]
         if not fitting:
             raise CalibrationError(f"no kernel fits --quantize {'int8' if allowed.int8 else 'none'} and --dtype "
-                                   f"{allowed.dtype} on this machine (errors: {m.errors}; unavailable: {m.unavailable})")
+                                   f"{allowed.dtype} on this machine (errors: {m.errors}; "
+                                   f"unavailable: {m.unavailable})")
         decode = min(fitting, key=turn_ms)
         why = "measured fastest" if len(fitting) > 1 else "the only allowed kernel"
     return KernelChoice(decode, best_prefill(decode)[0], KERNELS[decode].activation, m.gbps(decode, "decode-1"), why, m)

@@ -42,3 +42,35 @@ class IncrementalDetokenizer:
         full = self._decode(self._ids[self._prefix_offset :])
         self._prefix_offset = self._read_offset = len(self._ids)
         return full[len(prefix) :].rstrip(REPLACEMENT)
+
+
+class StopStrings:
+    """Ends a reply at the first of the client's stop strings, which is not shown.
+
+    Text that might be the start of a stop string is held back until the next piece shows
+    whether it is one (like a half-decoded character above), so no client ever sees part of
+    a stop string, whatever the tokens' boundaries.
+    """
+
+    def __init__(self, stops: tuple[str, ...] = ()) -> None:
+        self._stops = tuple(s for s in stops if s)
+        self._held = ""
+        self.stopped = False  # a stop string was found: nothing more is shown
+
+    def push(self, text: str) -> tuple[str, bool]:
+        """New text → (the part now safe to show, whether a stop string ended the reply)."""
+        if self.stopped or not self._stops:
+            return ("" if self.stopped else text), self.stopped
+        buffer = self._held + text
+        hits = [i for stop in self._stops if (i := buffer.find(stop)) >= 0]
+        if hits:
+            self._held, self.stopped = "", True
+            return buffer[: min(hits)], True
+        hold = max((k for stop in self._stops for k in range(1, len(stop)) if buffer.endswith(stop[:k])), default=0)
+        self._held = buffer[len(buffer) - hold :]
+        return buffer[: len(buffer) - hold], False
+
+    def flush(self) -> str:
+        """At the end: what was held back turned out not to be a stop string."""
+        held, self._held = self._held, ""
+        return "" if self.stopped else held

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from workers.detokenize import IncrementalDetokenizer
+from workers.detokenize import IncrementalDetokenizer, StopStrings
 from workers.prompt import Prompt, build_prompt
 from workers.protocol import ChatMessage, EngineConfig, FinishReason, Metrics, SamplingParams
 from workers.sampling import sample
@@ -56,6 +56,7 @@ class Sequence:
     session_id: str | None
     budget: int  # most new tokens: max_new_tokens, capped by the context window
     detok: IncrementalDetokenizer
+    stop_strings: StopStrings
     history: torch.Tensor  # [<= repetition_window] recent ids, for repetition_penalty
     generator: torch.Generator | None
     key: str = ""  # the caller's name for it (the worker uses the request id)
@@ -119,7 +120,8 @@ class Engine:
         if not session_id:
             return
         self._sessions[session_id] = _Session(ids=ids, cache=cache)
-        while len(self._sessions) > 1 and sum(s.cache.nbytes for s in self._sessions.values()) > self.config.session_cache_bytes:
+        budget = self.config.session_cache_bytes
+        while len(self._sessions) > 1 and sum(s.cache.nbytes for s in self._sessions.values()) > budget:
             self._sessions.popitem(last=False)
 
     # generation ----------------------------------------------------------------------
@@ -140,6 +142,7 @@ class Engine:
             session_id=session_id,
             budget=max(0, min(params.max_new_tokens, self.context_tokens - len(prompt_ids))),
             detok=IncrementalDetokenizer(self.tokenizer),
+            stop_strings=StopStrings(params.stop),
             history=torch.tensor(prompt_ids[-self.config.repetition_window :], dtype=torch.long),
             generator=torch.Generator().manual_seed(params.seed) if params.seed is not None else None,
         )
@@ -191,7 +194,10 @@ class Engine:
         seq.history = torch.cat([seq.history[1 - self.config.repetition_window :], torch.tensor([token])])
         if len(seq.generated) >= seq.budget:
             seq.reason = FinishReason.LENGTH
-        return Step(seq.detok.push(token))
+        text, stopped = seq.stop_strings.push(seq.detok.push(token))
+        if stopped:
+            seq.reason = FinishReason.STOP
+        return Step(text)
 
     def finish(self, seq: Sequence, reason: FinishReason | None = None) -> Finished:
         """End a sequence (``reason`` overrides, e.g. CANCELLED): keep its cache, report metrics."""
@@ -209,4 +215,5 @@ class Engine:
             ttft_ms=(seq.first_token_at - seq.started) * 1000 if seq.first_token_at else 0.0,
             decode_tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0,
         )
-        return Finished(reason, metrics, seq.detok.flush())
+        tail, _ = seq.stop_strings.push(seq.detok.flush())
+        return Finished(reason, metrics, tail + seq.stop_strings.flush())

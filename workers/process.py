@@ -86,7 +86,8 @@ def run_worker(spec: WorkerSpec, conn) -> None:
     pin_to_cores(spec.layout)
     if spec.kernel:
         set_thread_env(spec.kernel)
-    logging.basicConfig(level=spec.log_level, format=f"%(asctime)s worker {spec.layout.worker_id} %(levelname)s %(message)s")
+    logging.basicConfig(level=spec.log_level,
+                        format=f"%(asctime)s worker {spec.layout.worker_id} %(levelname)s %(message)s")
     import torch
 
     torch.set_num_threads(spec.layout.threads)
@@ -252,7 +253,8 @@ def serve_requests(engine, conn, worker_id: int) -> None:
             except Exception as exc:  # noqa: BLE001 - one bad request must not take the worker down
                 log.exception("request %s failed", getattr(msg, "request_id", "?"))
                 batch.active.pop(getattr(msg, "request_id", None), None)
-                conn.send(Failed(msg.request_id, f"Generation failed on worker {worker_id}: {type(exc).__name__}: {exc}"))
+                reason = f"Generation failed on worker {worker_id}: {type(exc).__name__}: {exc}"
+                conn.send(Failed(msg.request_id, reason))
         if batch.active:
             try:
                 batch.step()

@@ -32,6 +32,7 @@ class SamplingParams:
     repetition_penalty: float = 1.05
     max_new_tokens: int = 512
     seed: int | None = None
+    stop: tuple[str, ...] = ()  # the reply ends before the first of these strings
 
     @property
     def greedy(self) -> bool:

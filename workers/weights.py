@@ -3,10 +3,12 @@
 ``prepare`` runs in the parent before any worker starts. It reads the model's safetensors,
 fuses q/k/v and gate/up, packs every linear (lm_head included) in the format of the kernel
 chosen for this CPU (``workers.kernels``: fp32, bf16, fp16, int8 per channel or per block),
-casts the rest to the kernel's compute dtype, and writes one file (safetensors'
-layout, 64-byte aligned) into the cache directory. ``map_prepared`` maps that file read-only-shared into a worker and builds
-tensors that point straight into the mapping: no copy, so N workers share one set of
-weights through the page cache, and a restart reads nothing from disk that is cached.
+casts the rest to the kernel's compute dtype, and writes one file (safetensors' layout,
+64-byte aligned) into the cache directory. ``map_prepared`` maps that file read-only-shared
+into a worker and builds tensors that point straight into the mapping: no copy, so N
+workers share one set of weights through the page cache, and a restart reads nothing from
+disk that is cached. (Kernels with a layout of their own, fbgemm's and onnxruntime's, also
+pack a private copy in each worker: measured and shown in /health.)
 
     path = prepare("/models/qwen", "int8pack-bf16", cache_dir)   # parent, once
     args, kernel, tensors = map_prepared(path)                    # each worker
