@@ -81,6 +81,31 @@ def test_openai_non_stream_and_bad_input(app):
     assert app.health()["ready"]
 
 
+def test_openai_sdk_fields_are_honoured_or_refused_by_name(app):
+    """What the official SDK and common frontends send: honoured, or a 400 that names it."""
+    client = openai.OpenAI(base_url=app.url + "/v1", api_key="unused", max_retries=0)
+    ask = dict(model="any", temperature=0.0, max_tokens=48)
+    counting = [{"role": "user", "content": "Count from 1 to 10, one number per line."}]
+    full = client.chat.completions.create(messages=counting, **ask).choices[0]
+    assert "\n" in full.message.content.strip()
+    stopped = client.chat.completions.create(messages=counting, stop=["\n"], **ask).choices[0]
+    assert "\n" not in stopped.message.content and stopped.finish_reason == "stop"
+    assert full.message.content.startswith(stopped.message.content)
+    parts = [{"role": "developer", "content": "Answer in one word."},
+             {"role": "user", "content": [{"type": "text", "text": "What is the capital"},
+                                          {"type": "text", "text": "of France?"}]}]
+    assert "Paris" in client.chat.completions.create(messages=parts, **ask).choices[0].message.content
+    refused = {"n": {"n": 2}, "tools": {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+               "response_format": {"response_format": {"type": "json_object"}}, "logprobs": {"logprobs": True}}
+    for field, extra in refused.items():
+        with pytest.raises(openai.BadRequestError, match=field):
+            client.chat.completions.create(messages=counting, **ask, **extra)
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/x.png"}}]}]
+    with pytest.raises(openai.UnprocessableEntityError, match="only text content parts"):
+        client.chat.completions.create(messages=image, **ask)
+    assert app.health()["ready"]
+
+
 def scrape(app) -> dict[str, float]:
     """/metrics as {'name{label="value"}': value}, parsed by prometheus_client's own parser."""
     response = httpx.get(app.url + "/metrics", timeout=10)
