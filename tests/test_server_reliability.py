@@ -205,8 +205,11 @@ def test_sigterm_stops_the_app_and_every_worker(app):
 
 @pytest.fixture(scope="module")
 def private_app(tmp_path_factory):
+    # The share tunnel is pointed at a closed local port: with or without internet, no test
+    # ever opens a real public tunnel, and the failure path is what is tested.
     with running_app(tmp_path_factory.mktemp("private"), "--model", "bundled", "--workers", "1",
-                        "--auth", "alice:s3cret", "--share", "--max-queue", "0", "--max-batch", "1") as running:
+                     "--auth", "alice:s3cret", "--share", "--max-queue", "0", "--max-batch", "1",
+                     env={"GRADIO_SHARE_SERVER_ADDRESS": "127.0.0.1:9"}) as running:
         yield running
 
 
