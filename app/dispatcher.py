@@ -43,6 +43,7 @@ from workers.protocol import Cancel, EngineConfig, ErrorCode, FromWorker, Genera
 log = logging.getLogger(__name__)
 
 STICKY_SESSIONS = 1024  # session -> worker entries remembered for KV cache reuse
+GIVE_UP_AFTER_CRASHES = 2  # every worker crashed this often in a row, none ready: requests fail, not wait
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,17 @@ class Dispatcher:
                                  f"please send your message again.", ErrorCode.UNAVAILABLE))
         worker.active.clear()
         worker.progress.clear()
+        if self.failing:  # nobody would ever serve the waiting requests: tell them now
+            while self._waiters:
+                waiter = self._waiters.popleft()
+                if not waiter.future.done():
+                    waiter.future.set_result(None)
+                waiter.moved.set()
+
+    @property
+    def failing(self) -> bool:
+        """No worker is ready and each keeps crashing (e.g. the model cannot load)."""
+        return self.ready_count == 0 and all(w.crashes_in_a_row >= GIVE_UP_AFTER_CRASHES for w in self.workers)
 
     def _deliver(self, msg) -> None:
         channel = self._channels.get(msg.request_id)
@@ -271,7 +283,7 @@ class Dispatcher:
         """
         request_id = uuid.uuid4().hex
         worker = None
-        if self.start_error is None:
+        if self.start_error is None and not self.failing:
             acquire = self._acquire(request_id, session_id)
             try:
                 async for event in acquire:
@@ -281,10 +293,13 @@ class Dispatcher:
                         worker = event
             finally:  # a client that leaves while queued gives up its place at once
                 await acquire.aclose()
-        if worker is None:  # the queue was full, or fail_start ran before or while this request waited
+        if worker is None:  # the queue was full, the workers cannot start, or keep crashing
             if self.start_error is not None:
                 failed = Failed(request_id, f"The server could not start its workers: {self.start_error}",
                                 ErrorCode.UNAVAILABLE)
+            elif self.failing:
+                failed = Failed(request_id, "Every worker keeps stopping while it loads the model, so no reply "
+                                "can be made; the server log says why. It keeps retrying.", ErrorCode.UNAVAILABLE)
             else:
                 failed = Failed(request_id, f"The server is busy: {self.queue_depth} requests are already "
                                 "waiting. Please try again in a minute.", ErrorCode.BUSY)

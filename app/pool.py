@@ -168,11 +168,11 @@ class ProcessPool:
         if conn is not worker.conn:  # a stale reader of an already replaced process
             return
         worker.outbox.put(None)
+        lived = time.monotonic() - worker.started_at
+        worker.crashes_in_a_row = 1 if lived > STABLE_AFTER_S else worker.crashes_in_a_row + 1
         self._on_exit(worker.id, code)
         if self._stopping:
             return
-        lived = time.monotonic() - worker.started_at
-        worker.crashes_in_a_row = 1 if lived > STABLE_AFTER_S else worker.crashes_in_a_row + 1
         delay = respawn_delay(worker.crashes_in_a_row)
         log.error("worker %d (pid %s) exited with code %s; restarting in %.1f s", worker.id, worker.pid, code, delay)
         worker.restarts += 1

@@ -111,5 +111,8 @@ def test_a_worker_that_cannot_load_backs_off_instead_of_spinning(tmp_path):
         # each crash waits 0.5, 1, 2, 4 ... s before the next start; a spinning loop would be far above
         assert all(1 <= w.restarts <= 4 for w in workers), [w.restarts for w in workers]
         assert all(w.crashes_in_a_row == w.restarts for w in workers)
+        # a request neither waits forever nor hangs: it is told at once, by a clear error
+        reply, done = pool.run(ask(pool.dispatcher, "hi", SHORT), timeout=60)
+        assert isinstance(done, Failed) and done.code is ErrorCode.UNAVAILABLE and "keeps stopping" in done.message
     finally:
         pool.close()
