@@ -55,7 +55,7 @@ class Queued:
 
 @dataclass(eq=False)
 class Waiter:
-    """A request waiting for a free slot; the future resolves to the worker that took it.
+    """A request waiting for a free slot; the future resolves to its lease (None: give up).
     ``moved`` is set whenever its place in line may have changed, or its wait ended."""
 
     request_id: str
@@ -64,6 +64,14 @@ class Waiter:
 
 
 Observer = Callable[[Done | Failed], None]  # gets each request's final event
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A slot on a worker held for one request, and the channel its messages arrive on."""
+
+    worker: WorkerHandle
+    channel: asyncio.Queue
 
 
 @dataclass(frozen=True)
@@ -213,8 +221,7 @@ class Dispatcher:
             waiter = self._waiters.popleft()
             if waiter.future.done():  # the client gave up while waiting
                 continue
-            self._lease(worker, waiter.request_id)
-            waiter.future.set_result(worker)
+            waiter.future.set_result(self._lease(worker, waiter.request_id))
             self._queue_moved()
 
     def _queue_moved(self) -> None:
@@ -222,19 +229,23 @@ class Dispatcher:
         for waiter in self._waiters:
             waiter.moved.set()
 
-    def _lease(self, worker: WorkerHandle, request_id: str) -> None:
+    def _lease(self, worker: WorkerHandle, request_id: str) -> Lease:
+        """A slot for the request, and its channel at once: whatever happens to the worker
+        from now on (it may die before the request is even sent) reaches the request."""
+        lease = Lease(worker, asyncio.Queue())
+        self._channels[request_id] = lease.channel
         worker.active.add(request_id)
         worker.settle()
         self._last = worker.id
+        return lease
 
-    async def _acquire(self, request_id: str, session_id: str | None) -> AsyncIterator[Queued | WorkerHandle]:
-        """Yield ``Queued`` updates while waiting, then the worker holding a slot for
-        ``request_id``; nothing more when the queue is full or the workers cannot start."""
+    async def _acquire(self, request_id: str, session_id: str | None) -> AsyncIterator[Queued | Lease]:
+        """Yield ``Queued`` updates while waiting, then the lease of a slot for ``request_id``;
+        nothing more when the queue is full or the workers cannot start."""
         if self.queue_depth == 0:
             worker = pick_worker(self.workers, self._last, self._sticky.get(session_id))
             if worker is not None:
-                self._lease(worker, request_id)
-                yield worker
+                yield self._lease(worker, request_id)
                 return
         if self.queue_depth >= self.config.max_queue:
             return
@@ -251,7 +262,7 @@ class Dispatcher:
                     await waiter.moved.wait()
         except BaseException:
             if waiter.future.done() and not waiter.future.cancelled() and waiter.future.result():
-                self._release_unused(waiter.future.result(), request_id)  # leased to us just as we gave up
+                self._release_unused(waiter.future.result().worker, request_id)  # leased to us just as we gave up
             waiter.future.cancel()
             if waiter in self._waiters:
                 self._waiters.remove(waiter)
@@ -260,6 +271,7 @@ class Dispatcher:
         yield waiter.future.result()
 
     def _release_unused(self, worker: WorkerHandle, request_id: str) -> None:
+        self._channels.pop(request_id, None)
         worker.active.discard(request_id)
         worker.settle()
         self._hand_out()
@@ -282,7 +294,7 @@ class Dispatcher:
         the worker stays leased until it confirms with its ``Done``.
         """
         request_id = uuid.uuid4().hex
-        worker = None
+        lease = None
         if self.start_error is None and not self.failing:
             acquire = self._acquire(request_id, session_id)
             try:
@@ -290,10 +302,10 @@ class Dispatcher:
                     if isinstance(event, Queued):
                         yield event
                     else:
-                        worker = event
+                        lease = event
             finally:  # a client that leaves while queued gives up its place at once
                 await acquire.aclose()
-        if worker is None:  # the queue was full, the workers cannot start, or keep crashing
+        if lease is None:  # the queue was full, the workers cannot start, or keep crashing
             if self.start_error is not None:
                 failed = Failed(request_id, f"The server could not start its workers: {self.start_error}",
                                 ErrorCode.UNAVAILABLE)
@@ -306,8 +318,7 @@ class Dispatcher:
             self._notify(failed)
             yield failed
             return
-        channel: asyncio.Queue = asyncio.Queue()
-        self._channels[request_id] = channel
+        worker, channel = lease.worker, lease.channel
         if session_id:
             self._sticky[session_id] = worker.id
             self._sticky.move_to_end(session_id)
@@ -315,7 +326,8 @@ class Dispatcher:
                 self._sticky.popitem(last=False)
         finished = False
         try:
-            self.pool.send(worker.id, Generate(request_id, tuple(messages), params, session_id))
+            if channel.empty():  # else its worker died in between: the failure is already there
+                self.pool.send(worker.id, Generate(request_id, tuple(messages), params, session_id))
             while not finished:
                 msg = await channel.get()
                 finished = isinstance(msg, (Done, Failed))

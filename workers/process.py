@@ -223,7 +223,14 @@ class Batch:
                 self._finish(seq)
 
     def _finish(self, seq, reason: FinishReason | None = None) -> None:
-        end = self.engine.finish(seq, reason)
+        """Send the request's last text and its ``Done``; a request always gets a final message."""
+        try:
+            end = self.engine.finish(seq, reason)
+        except Exception as exc:  # noqa: BLE001 - e.g. keeping its cache failed: the reply itself is complete
+            log.exception("finishing request %s failed", seq.key)
+            self.conn.send(Failed(seq.key, f"The reply could not be finished on worker {self.worker_id}: "
+                                            f"{type(exc).__name__}: {exc}"))
+            return
         if end.tail_text:
             self.conn.send(Chunk(seq.key, end.tail_text, end.metrics.completion_tokens))
         self.conn.send(Done(seq.key, end.reason, end.metrics))
