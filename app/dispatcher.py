@@ -222,6 +222,7 @@ class Dispatcher:
             if waiter.future.done():  # the client gave up while waiting
                 continue
             waiter.future.set_result(self._lease(worker, waiter.request_id))
+            waiter.moved.set()  # its wait is over
             self._queue_moved()
 
     def _queue_moved(self) -> None:
