@@ -33,8 +33,8 @@ from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
+from app.dispatch_policy import Progress, WorkerHandle, WorkerSnapshot, WorkerState, pick_worker
 from app.pool import ProcessPool
-from app.slots import Progress, WorkerHandle, WorkerSnapshot, WorkerState, pick_worker
 from workers.cores import WorkerLayout
 from workers.process import WorkerSpec
 from workers.protocol import ChatMessage, Chunk, Done, Failed, Notice, SamplingParams  # what a stream yields
@@ -134,6 +134,10 @@ class Dispatcher:
         """The model could not be prepared: fail every waiting request, and every later one,
         with ``message`` instead of letting them wait for workers that will never come."""
         self.start_error = message
+        self._turn_away_waiters()
+
+    def _turn_away_waiters(self) -> None:
+        """No worker will come for the waiting requests: end their wait (``stream`` says why)."""
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.future.done():
@@ -184,11 +188,7 @@ class Dispatcher:
         worker.active.clear()
         worker.progress.clear()
         if self.failing:  # nobody would ever serve the waiting requests: tell them now
-            while self._waiters:
-                waiter = self._waiters.popleft()
-                if not waiter.future.done():
-                    waiter.future.set_result(None)
-                waiter.moved.set()
+            self._turn_away_waiters()
 
     @property
     def failing(self) -> bool:

@@ -25,7 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import choose_encoder
 
 from app.dispatcher import Dispatcher
-from app.slots import WorkerState
+from app.dispatch_policy import WorkerState
 from workers.protocol import Done, ErrorCode, Failed
 
 PREFIX = "cpu_chat"

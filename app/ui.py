@@ -19,7 +19,7 @@ import gradio as gr
 
 from app import validation as limits
 from app.dispatcher import Dispatcher, Queued
-from app.slots import WorkerState
+from app.dispatch_policy import WorkerState
 from app.startup import Startup, progress_bar
 from app.validation import InvalidInput, check_message, clamp_params, clean_text
 from workers.protocol import ChatMessage, Chunk, Done, ErrorCode, Failed, FinishReason, Notice, SamplingParams
@@ -142,8 +142,8 @@ def build_ui(dispatcher: Dispatcher, startup: Startup, system_prompt: str,
             text = check_message(message)
         except InvalidInput as exc:
             raise gr.Error(str(exc)) from exc
-        params = clamp_params(SamplingParams(temperature, top_p, int(top_k), repetition_penalty,
-                                             int(max_new_tokens)))
+        params = clamp_params(SamplingParams(int(max_new_tokens), temperature, top_p, int(top_k),
+                                             repetition_penalty))
         session = request.session_hash if request else None
         reply, notes = "", ""
         async for event in dispatcher.stream(history_to_messages(system, history, text), params, session):

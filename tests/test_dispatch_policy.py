@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from app.pool import WorkerProcess
-from app.slots import WorkerHandle, WorkerState, pick_worker
+from app.dispatch_policy import WorkerHandle, WorkerState, pick_worker
 from workers.cores import WorkerLayout
 
 

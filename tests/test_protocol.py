@@ -19,7 +19,7 @@ from workers.protocol import (
 def test_messages_round_trip_through_a_real_pipe():
     parent, child = multiprocess.Pipe(duplex=True)
     sent = [
-        Generate("r1", (ChatMessage("user", "你好 <|im_start|>"),), SamplingParams(temperature=0.0), "s1"),
+        Generate("r1", (ChatMessage("user", "你好 <|im_start|>"),), SamplingParams(max_new_tokens=8, temperature=0.0), "s1"),
         Cancel("r1"),
         Chunk("r1", "北京", 2),
         Done("r1", FinishReason.STOP, Metrics(worker=1, prompt_tokens=3, ttft_ms=12.5)),
@@ -35,4 +35,4 @@ def test_finish_reasons_are_the_openai_words():
 
 
 def test_temperature_zero_is_greedy():
-    assert SamplingParams(temperature=0.0).greedy and not SamplingParams(temperature=0.5).greedy
+    assert SamplingParams(8, temperature=0.0).greedy and not SamplingParams(8, temperature=0.5).greedy

@@ -24,13 +24,17 @@ class FinishReason(str, enum.Enum):
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick the next token. ``temperature == 0`` means greedy."""
+    """How to pick the next token. ``temperature == 0`` means greedy.
 
-    temperature: float = 0.3
-    top_p: float = 0.9
-    top_k: int = 50
-    repetition_penalty: float = 1.05
-    max_new_tokens: int = 512
+    The defaults here change nothing (plain sampling from the model's distribution); the
+    app's own defaults live in configs/default.toml ``[sampling]``.
+    """
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k
+    repetition_penalty: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()  # the reply ends before the first of these strings
 
