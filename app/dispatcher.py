@@ -13,14 +13,12 @@ the worker is actually doing. A worker that dies fails its requests with a clear
 Waiting requests hear their place in line whenever it changes (never by polling).
 
 The dispatcher exists before its model does: the server builds it from the core layout
-alone (so the page and /health list the planned workers as "starting" at once), prepares
-the model in the background, then calls ``start(ModelSource(...))``; a preparation that
-fails calls ``fail_start``, which answers every waiting and later request with the reason.
+alone (the page and /health list the planned workers as "starting" at once), prepares the
+model in the background, then calls ``start(ModelSource(...))`` or, failing, ``fail_start``.
 
-Observers (e.g. the Prometheus metrics) are called on the loop thread with the one final
-event of every request: its ``Done`` or ``Failed`` (also the ``Done`` that confirms a Stop,
-which arrives after the client has gone, and the ``Failed`` of a request turned away because
-the queue was full: every refusal is a ``Failed``, see ``workers.errors``).
+Observers (e.g. the Prometheus metrics) get every request's one final event on the loop
+thread: its ``Done`` (also one confirming a Stop after the client left) or ``Failed`` (also
+a refusal such as a full queue: every refusal is a ``Failed``, see ``workers.errors``).
 """
 
 from __future__ import annotations
