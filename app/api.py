@@ -177,7 +177,22 @@ async def validation_error(_: Request, exc: RequestValidationError) -> JSONRespo
     """422 naming each bad field, without echoing the input back (it may be huge, or unencodable)."""
     fields = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
               for e in exc.errors()]
-    return JSONResponse({"detail": fields}, status_code=422)
+    named = "; ".join(f"{'.'.join(map(str, f['loc'][1:] or f['loc']))}: {f['msg']}" for f in fields)
+    param = ".".join(map(str, fields[0]["loc"][1:])) if fields else None
+    return JSONResponse({"error": openai_error(named, 422, param), "detail": fields}, status_code=422)
+
+
+async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    """Errors in the shape OpenAI clients read (``{"error": {"message": ...}}``, so the SDK's
+    exception says why), with FastAPI's ``detail`` kept beside it."""
+    body = {"error": openai_error(str(exc.detail), exc.status_code), "detail": exc.detail}
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+
+def openai_error(message: str, status: int, param: str | None = None) -> dict:
+    kind = {400: "invalid_request_error", 401: "authentication_error", 413: "invalid_request_error",
+            422: "invalid_request_error", 503: "server_busy"}.get(status, "server_error")
+    return {"message": message, "type": kind, "param": param, "code": status}
 
 
 def usage(done: Done) -> dict:

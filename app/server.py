@@ -22,11 +22,11 @@ from pathlib import Path
 
 import gradio as gr
 import uvicorn
-from fastapi import FastAPI
+from fastapi import FastAPI, HTTPException
 from fastapi.exceptions import RequestValidationError
 
 from app import startup as stages
-from app.api import build_router, validation_error
+from app.api import build_router, http_error, validation_error
 from app.auth import AuthError, Credentials, parse_auth
 from app.config import AppConfig
 from app.dispatcher import Dispatcher, DispatcherConfig, ModelSource
@@ -166,6 +166,7 @@ def build_app(config: AppConfig, dispatcher: Dispatcher, auth: Credentials | Non
 
     app = FastAPI(title="CPU Chat", lifespan=lifespan)
     app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(HTTPException, http_error)
     app.include_router(build_router(dispatcher, startup, config.sampling, auth))
     app.include_router(build_metrics_router(AppMetrics.create(dispatcher)))
     demo = build_ui(dispatcher, startup, config.system_prompt, config.sampling)

@@ -27,14 +27,14 @@ class Pool:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.dispatcher = Dispatcher(DispatcherConfig(
-            layouts or two_single_core_layouts(), max_batch, max_queue, EngineConfig(max_context_tokens=load_config().max_context_tokens),
-            source))
-        self.run(self._start(wait_ready), timeout=240)
+        engine_config = EngineConfig(max_context_tokens=load_config().max_context_tokens)
+        self.dispatcher = Dispatcher(DispatcherConfig(layouts or two_single_core_layouts(), max_batch, max_queue,
+                                                      engine_config, source))
+        self.run(self._start(until_ready=wait_ready), timeout=240)
 
-    async def _start(self, wait_ready: bool) -> None:
+    async def _start(self, until_ready: bool) -> None:
         self.dispatcher.start()
-        if wait_ready:
+        if until_ready:
             await wait_ready(self.dispatcher, timeout_s=180)
 
     def run(self, coro, timeout: float = 120):
