@@ -224,11 +224,11 @@ def markdown(report: dict) -> str:
         cells = " | ".join(_fmt(s) for s in lean[f"turn_ttft_ms_{key}"])
         lines.append(f"| {key.replace('_', ' ')} | {cells} | {_fmt(lean[f'turn5_over_turn1_{key}'])} |")
     b = report["bundled"]
-    lines += ["", f"Bundled SmolLM2-135M: lean, measured choice ({b['kernel']}) {_fmt(b['lean_auto_decode_tok_s'])} tok/s vs seeds' fp32 "
+    lines += ["", f"Bundled SmolLM2-135M: lean, measured choice ({_kernel(b)}) {_fmt(b['lean_auto_decode_tok_s'])} tok/s vs seeds' fp32 "
                   f"{_fmt(b['baseline_decode_tok_s'])}: {_fmt(b['decode_x'])}×"]
     if "serve" in report:
         s = report["serve"]
-        lines += ["", "Through the app's API (int8, 64 tokens per stream), aggregate tok/s:", "",
+        lines += ["", "Through the app's API (the measured kernel choice, 64 tokens per stream), aggregate tok/s:", "",
                   "| layout | 1 stream | 2 streams | 4 streams | 4 / 1 | total PSS MiB | total RSS MiB |",
                   "|---|---|---|---|---|---|---|"]
         for layout in ("1x2 b1", "2x1 b1", "1x2 b4", "2x1 b4"):
