@@ -65,7 +65,12 @@ def choose_kernels(config: AppConfig, model_path: str, layout: WorkerLayout, lea
     allowed = Allowed(int8=lean and config.quantize == "int8", dtype=config.dtype,
                       kernel=config.kernel if lean else "auto")
     candidates = None if lean else ("fp32", "bf16")
-    measured = calibrate(model_path, shapes, layout, config.max_batch, Path(config.cache_dir).expanduser(), candidates)
+    try:
+        measured = calibrate(model_path, shapes, layout, config.max_batch, Path(config.cache_dir).expanduser(),
+                             candidates)
+    except RuntimeError as exc:  # the measurement itself broke: serve anyway, on the kernel exact everywhere
+        log.warning("Could not measure the kernels (%s); computing in float32.", exc)
+        return KernelChoice("fp32", "same", "float32", 0.0, f"measurement failed: {exc}")
     choice = choose(measured, allowed)
     log.info("Kernels: %s. Measured in %.1f s on %s%s.", choice.summary(), measured.seconds, measured.machine,
              "" if lean else " (transformers engine: dense fp32 or bf16 only)")
