@@ -57,29 +57,35 @@ def build_linear(kernel: Kernel, packed: Packed, prefill: str, bias: torch.Tenso
         raise ValueError(f"kernel {kernel.name} has no prefill path {prefill!r} ({', '.join(kernel.prefill_paths)})")
     dtype = dtype_of(kernel)
     decode = _DECODE[kernel.name](packed, threads)
-    return Linear(decode, prefill_path(packed, prefill, decode, threads), dtype,
+    prefill_fn = prefill_path(packed, prefill, decode, threads)
+    return Linear(decode, prefill_fn, prefill_fn if kernel.quantizes_activations else decode, dtype,
                   bias.to(dtype) if bias is not None else None, packed)
 
 
 class Linear:
-    """``y = x W^T (+ b)`` on the path for the job: a prompt of ``PREFILL_FROM_ROWS`` tokens
-    or more takes the prefill path; decode steps and shorter prompt chunks (chunked prefill
-    between decode steps) the decode path, which costs no per-call widening.
+    """``y = x W^T (+ b)`` on the path for the job: decode steps take the decode path; a
+    prompt of ``PREFILL_FROM_ROWS`` tokens or more the prefill path; a shorter prompt chunk
+    (chunked prefill between decode steps) ``few_rows``: the decode path too, unless that
+    rounds activations, which made greedy answers under load differ from the same prompt
+    alone (tested: 8 of 16); such a kernel's chunks take its exact prefill path.
 
     Inputs and outputs are in the model's compute dtype; a path that computes in another
     dtype converts at its edges (cheap next to the matmul).
     """
 
-    def __init__(self, decode: Matmul, prefill: Matmul, dtype: torch.dtype, bias: torch.Tensor | None,
-                 packed: Packed) -> None:
-        self.decode, self.prefill = decode, prefill
+    def __init__(self, decode: Matmul, prefill: Matmul, few_rows: Matmul, dtype: torch.dtype,
+                 bias: torch.Tensor | None, packed: Packed) -> None:
+        self.decode, self.prefill, self.few_rows = decode, prefill, few_rows
         self.dtype, self.bias, self.packed = dtype, bias, packed
         self.out_features, self.in_features = packed["w"].shape[0], _in_features(packed)
         self.nbytes = sum(t.numel() * t.element_size() for t in packed.values())
 
     def __call__(self, x: torch.Tensor, prompt: bool = False) -> torch.Tensor:  # x: [..., K] -> [..., N]
         rows = x.reshape(-1, x.shape[-1])  # [M, K]
-        path = self.prefill if prompt and rows.shape[0] >= PREFILL_FROM_ROWS else self.decode
+        if not prompt:
+            path = self.decode
+        else:
+            path = self.prefill if rows.shape[0] >= PREFILL_FROM_ROWS else self.few_rows
         y = path(rows).to(self.dtype).reshape(*x.shape[:-1], -1)
         return y if self.bias is None else y + self.bias
 
@@ -126,8 +132,8 @@ def _ort_int8(packed: Packed, threads: int, quantize_activations: bool = True) -
     For decode, ``accuracy_level=4``: activations are quantized per block too and the dot
     products run in int8 (fast; perplexity within 0.4% of fp32). A whole prompt prefilled
     that way flipped one of the bundled model's greedy near-ties ("Paris" became
-    "L'Étoile"), so the prefill path takes ``accuracy_level=1``: fp32 activations against the
-    int8 weights, which gives fp32's answers.
+    "L'Étoile"), so prefill takes ``accuracy_level=1``: fp32 activations against the int8
+    weights, which gives fp32's answers.
 
     Its threads must not spin: between two calls torch runs the small ops on its own pool,
     and two pools spinning on two cores starve each other (measured: 0.4 tok/s).
