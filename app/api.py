@@ -2,175 +2,41 @@
 
     POST /v1/chat/completions   stream (server-sent events) or one JSON response
     GET  /v1/models             the one model being served
-    GET  /health                readiness, model, start-up stage (or error), each worker's pid,
-                                cores, threads, state
+    GET  /health                readiness; and (with --auth: to a logged-in caller) the model,
+                                start-up stage or error, each worker's pid, cores, threads, state
+    GET  /docs, /openapi.json   the API's documentation (with --auth: to a logged-in caller)
 
-Out-of-range fields are refused with 422 by the request model (the limits are the ones in
-``app.validation``); a message the model cannot take gets 400; a busy server 503 with
-Retry-After. Both the last streamed chunk and the plain response carry ``usage`` and a
+What a client may send is ``app.api_schema``'s; a message the model cannot take gets 400;
+a busy server 503 with Retry-After. A request's scope (``app.auth.caller_scope``) decides
+whose kept conversations it may reuse. Both the last streamed chunk and the plain response carry ``usage`` and a
 ``metrics`` object (worker, prompt/completion tokens, TTFT, decode tokens/s).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 
-from app.auth import Credentials, api_guard
+from app.api_schema import parse_body
+from app.auth import Credentials, authenticate, caller_scope
 from app.dispatcher import Dispatcher, Queued
 from app.startup import Startup
-from app.validation import (
-    MAX_MESSAGE_CHARS,
-    MAX_MESSAGES,
-    MAX_REQUEST_BYTES,
-    MAX_STOP_STRINGS,
-    MAX_NEW_TOKENS,
-    REPETITION_PENALTY_RANGE,
-    TEMPERATURE_RANGE,
-    TOP_K_RANGE,
-    TOP_P_RANGE,
-    InvalidInput,
-    check_message,
-    clean_text,
-)
-from workers.protocol import ChatMessage, Chunk, Done, ErrorCode, Failed, Notice, SamplingParams
+from app.validation import InvalidInput
+from workers.protocol import Chunk, Done, ErrorCode, Failed, Notice, SamplingParams, TokenLogprob
 
 STATUS_FOR = {ErrorCode.INVALID_REQUEST: 400, ErrorCode.BUSY: 503, ErrorCode.UNAVAILABLE: 503, ErrorCode.INTERNAL: 500}
 RETRY_AFTER_S = {ErrorCode.BUSY: 5}  # tells a client when trying again makes sense
-
-
-class MessageIn(BaseModel):
-    role: Literal["system", "developer", "user", "assistant"]  # developer: newer OpenAI clients' system
-    content: str = Field(max_length=MAX_MESSAGE_CHARS)
-
-    @field_validator("content", mode="before")
-    @classmethod
-    def _clean(cls, value):
-        """Text parts (``[{"type": "text", "text": ...}]``, as LangChain and Open WebUI send) are
-        joined; other parts are refused by name. Broken clients send unpaired surrogates for
-        bad UTF-8: replace them, don't 500."""
-        if isinstance(value, list):
-            kinds = {str(part.get("type")) if isinstance(part, dict) else type(part).__name__ for part in value}
-            if others := sorted(kinds - {"text"}):
-                raise ValueError(f"only text content parts are supported, not {', '.join(others)}")
-            value = "\n".join(str(part.get("text", "")) for part in value)
-        return clean_text(value) if isinstance(value, str) else value
-
-    @property
-    def chat_role(self) -> str:
-        return "system" if self.role == "developer" else self.role
-
-
-NOT_SUPPORTED = {  # fields whose non-default value this server cannot honour yet: refused, never ignored
-    "n": "n > 1 (one choice per request)",
-    "tools": "tools",
-    "tool_choice": "tool_choice",
-    "functions": "functions",
-    "logprobs": "logprobs",
-    "top_logprobs": "top_logprobs",
-    "response_format": "a response_format other than text",
-}
-
-
-class ChatRequest(BaseModel):
-    model: str | None = None  # accepted for compatibility; one model is served
-    messages: list[MessageIn] = Field(min_length=1, max_length=MAX_MESSAGES)
-    stream: bool = False
-    temperature: float | None = Field(None, ge=TEMPERATURE_RANGE[0], le=TEMPERATURE_RANGE[1])
-    top_p: float | None = Field(None, ge=TOP_P_RANGE[0], le=TOP_P_RANGE[1])
-    top_k: int | None = Field(None, ge=TOP_K_RANGE[0], le=TOP_K_RANGE[1])
-    repetition_penalty: float | None = Field(
-        None, ge=REPETITION_PENALTY_RANGE[0], le=REPETITION_PENALTY_RANGE[1]
-    )
-    max_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS)
-    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS)
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
-    stop: str | list[str] | None = None
-    session_id: str | None = Field(None, max_length=128, description="reuse this conversation's KV cache")
-    n: int | None = None
-    tools: list | None = None
-    tool_choice: object = None
-    functions: list | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
-    response_format: dict | None = None
-
-    @field_validator("stop")
-    @classmethod
-    def _stops(cls, value):
-        stops = [value] if isinstance(value, str) else value
-        if stops is not None and (len(stops) > MAX_STOP_STRINGS or any(not s or len(s) > 200 for s in stops)):
-            raise ValueError(f"stop takes up to {MAX_STOP_STRINGS} non-empty strings of at most 200 characters")
-        return stops
-
-    def refuse_unsupported(self) -> None:
-        """A 400 naming the first field set to something this server does not do yet."""
-        unsupported = {
-            "n": self.n not in (None, 1),
-            "tools": bool(self.tools),
-            "tool_choice": self.tool_choice not in (None, "none"),
-            "functions": bool(self.functions),
-            "logprobs": bool(self.logprobs),
-            "top_logprobs": bool(self.top_logprobs),
-            "response_format": self.response_format not in (None, {"type": "text"}),
-        }
-        for name, asked in unsupported.items():
-            if asked:
-                raise InvalidInput(f"This server does not support {NOT_SUPPORTED[name]} yet (field '{name}'); "
-                                   "remove it from the request.")
-
-    def sampling(self, defaults: SamplingParams) -> SamplingParams:
-        given = {
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "repetition_penalty": self.repetition_penalty,
-            "max_new_tokens": self.max_completion_tokens or self.max_tokens,
-            "seed": self.seed,
-            "stop": tuple(self.stop) if self.stop else None,
-        }
-        return dataclasses.replace(defaults, **{k: v for k, v in given.items() if v is not None})
-
-    def chat_messages(self) -> list[ChatMessage]:
-        if self.messages[-1].role != "user":
-            raise InvalidInput("The last message must be the user's.")
-        *history, last = self.messages
-        return [ChatMessage(m.chat_role, clean_text(m.content)) for m in history] + [
-            ChatMessage("user", check_message(last.content))
-        ]
-
-
-async def parse_body(request: Request) -> ChatRequest:
-    """Read at most ``MAX_REQUEST_BYTES`` (413 past that, before parsing anything), then decode
-    and validate by hand, so a body that is not UTF-8 JSON gets a message that says so."""
-    too_large = HTTPException(413, f"The request body is larger than {MAX_REQUEST_BYTES // 2**20} MiB; "
-                                   "send a shorter conversation.")
-    if int(request.headers.get("content-length") or 0) > MAX_REQUEST_BYTES:
-        raise too_large
-    raw = bytearray()
-    async for part in request.stream():
-        raw += part
-        if len(raw) > MAX_REQUEST_BYTES:
-            raise too_large
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise HTTPException(400, f"The request body is not valid UTF-8 (byte {exc.start}); send UTF-8 JSON.") from exc
-    except json.JSONDecodeError as exc:
-        raise HTTPException(400, f"The request body is not valid JSON: {exc}") from exc
-    try:
-        return ChatRequest.model_validate(data)
-    except ValidationError as exc:
-        raise RequestValidationError(exc.errors()) from exc
+DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
 
 
 async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -213,17 +79,20 @@ def build_router(dispatcher: Dispatcher, startup: Startup, defaults: SamplingPar
                  auth: Credentials | None = None) -> APIRouter:
     """``startup.model`` is None until the model is resolved (in the background, after listening)."""
     router = APIRouter()
-    protected = [Depends(api_guard(auth))] if auth else []
+    scope_of = caller_scope(auth)
+    protected = [Depends(scope_of)] if auth else []
 
     def model_name() -> str:
         return startup.model.name if startup.model else "(being prepared)"
 
     @router.get("/health")
-    async def health() -> dict:
+    async def health(request: Request) -> dict:
+        readiness = {"ready": dispatcher.ready_count > 0, "workers_ready": dispatcher.ready_count}
+        if auth and await authenticate(auth, request) is None:
+            return readiness  # a probe needs no more; paths and errors are for the operator
         model, state = startup.model, startup.snapshot()
         return {
-            "ready": dispatcher.ready_count > 0,
-            "workers_ready": dispatcher.ready_count,
+            **readiness,
             "model": model.name if model else None,
             "model_source": model.source if model else None,
             "model_reason": model.reason if model else None,
@@ -240,26 +109,50 @@ def build_router(dispatcher: Dispatcher, startup: Startup, defaults: SamplingPar
         return {"object": "list",
                 "data": [{"id": model.name, "object": "model", "owned_by": "local"}] if model else []}
 
-    @router.post("/v1/chat/completions", dependencies=protected)
-    async def chat_completions(request: Request):
+    if auth:  # the app's own /docs and /openapi.json are off (app.server.build_app): these need a login
+        @router.get("/openapi.json", include_in_schema=False, dependencies=protected)
+        async def openapi(request: Request) -> JSONResponse:
+            return JSONResponse(request.app.openapi())
+
+        @router.get("/docs", include_in_schema=False, dependencies=protected)
+        async def docs() -> HTMLResponse:
+            return get_swagger_ui_html(openapi_url="/openapi.json", title="CPU Chat API")
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(request: Request, scope: str = Depends(scope_of)):
         req = await parse_body(request)
         try:
             req.refuse_unsupported()
             messages = req.chat_messages()
         except InvalidInput as exc:
             raise HTTPException(400, str(exc)) from exc
-        events = dispatcher.stream(messages, req.sampling(defaults), req.session_id)
+        events = dispatcher.stream(messages, req.sampling(defaults), scope, req.session_id)
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         first = await anext(events)  # a refusal (queue full, prompt too long) becomes an HTTP status
         if isinstance(first, Failed):
             raise refusal(first)
         if req.stream:
             return StreamingResponse(
-                sse(completion_id, model_name(), first, events), media_type="text/event-stream"
+                sse(completion_id, model_name(), first, events, bool(req.logprobs)), media_type="text/event-stream"
             )
-        return await complete(completion_id, model_name(), first, events)
+        return await until_disconnected(request, complete(completion_id, model_name(), first, events,
+                                                          bool(req.logprobs)))
 
     return router
+
+
+async def until_disconnected(request: Request, reply):
+    """Await ``reply``, but cancel it (so the worker gets a Cancel and its slot frees) once the
+    client has gone: a non-streaming client that gives up must not keep a worker busy."""
+    task = asyncio.ensure_future(reply)
+    while not task.done():
+        await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+        if not task.done() and await request.is_disconnected():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return JSONResponse({"error": openai_error("The client disconnected.", 499)}, status_code=499)
+    return task.result()
 
 
 def refusal(failed: Failed) -> HTTPException:
@@ -274,12 +167,22 @@ async def _chain(first, rest: AsyncIterator) -> AsyncIterator:
         yield event
 
 
-async def complete(completion_id: str, model_name: str, first, events: AsyncIterator) -> JSONResponse:
-    text, notices = [], []
+def token_logprobs(tokens: tuple[TokenLogprob, ...]) -> list[dict]:
+    """OpenAI's ``logprobs.content`` entries."""
+    def entry(token: str, logprob: float) -> dict:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8", "replace"))}
+
+    return [{**entry(t.token, t.logprob), "top_logprobs": [entry(tok, lp) for tok, lp in t.top]} for t in tokens]
+
+
+async def complete(completion_id: str, model_name: str, first, events: AsyncIterator,
+                   logprobs: bool = False) -> JSONResponse:
+    text, notices, tokens = [], [], []
     try:
         async for event in _chain(first, events):
             if isinstance(event, Chunk):
                 text.append(event.text)
+                tokens += token_logprobs(event.logprobs)
             elif isinstance(event, Notice):
                 notices.append(event.text)
             elif isinstance(event, Failed):
@@ -293,6 +196,7 @@ async def complete(completion_id: str, model_name: str, first, events: AsyncIter
                     "choices": [{
                         "index": 0,
                         "message": {"role": "assistant", "content": "".join(text)},
+                        "logprobs": {"content": tokens, "refusal": None} if logprobs else None,
                         "finish_reason": event.finish_reason.value,
                     }],
                     "usage": usage(event),
@@ -304,16 +208,20 @@ async def complete(completion_id: str, model_name: str, first, events: AsyncIter
     raise HTTPException(500, "the generation ended without a result")
 
 
-async def sse(completion_id: str, model_name: str, first, events: AsyncIterator) -> AsyncIterator[str]:
+async def sse(completion_id: str, model_name: str, first, events: AsyncIterator,
+              logprobs: bool = False) -> AsyncIterator[str]:
     """Server-sent events in the OpenAI chunk format; a client that disconnects cancels."""
 
-    def chunk(delta: dict, finish: str | None = None, **extra) -> str:
+    def chunk(delta: dict, finish: str | None = None, tokens: tuple[TokenLogprob, ...] = (), **extra) -> str:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        if logprobs:
+            choice["logprobs"] = {"content": token_logprobs(tokens), "refusal": None}
         body = {
             "id": completion_id,
             "object": "chat.completion.chunk",
             "created": int(time.time()),
             "model": model_name,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            "choices": [choice],
             **extra,
         }
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
@@ -324,7 +232,7 @@ async def sse(completion_id: str, model_name: str, first, events: AsyncIterator)
             if isinstance(event, Queued):
                 yield f": waiting for a free worker, position {event.position}\n\n"
             elif isinstance(event, Chunk):
-                yield chunk({"content": event.text})
+                yield chunk({"content": event.text}, tokens=event.logprobs)
             elif isinstance(event, Notice):
                 yield chunk({}, notice=event.text)
             elif isinstance(event, Failed):

@@ -4,8 +4,9 @@
     --auth ./users.txt           a file, one ``user:password`` per line (# comments allowed)
 
 The page uses Gradio's login form. API clients send either HTTP Basic credentials or the
-password as a bearer token (what the OpenAI SDK sends as ``api_key``). ``/health`` stays
-open so a load balancer or a Space can probe it; it shows no prompts.
+password as a bearer token (what the OpenAI SDK sends as ``api_key``). Only ``/health``'s
+readiness and ``/metrics`` stay open, so a load balancer or a Space can probe it; the rest
+of ``/health`` (model paths, start-up errors), ``/docs`` and ``/openapi.json`` need a login.
 """
 
 from __future__ import annotations
@@ -46,26 +47,38 @@ def check_login(creds: Credentials, user: str, password: str) -> bool:
     return ok
 
 
-def api_guard(creds: Credentials):
-    """A FastAPI dependency accepting Basic user:password or ``Bearer <password>``, read with
-    ``fastapi.security``'s schemes (which also put them in the OpenAPI docs)."""
-    basic, bearer = HTTPBasic(auto_error=False), HTTPBearer(auto_error=False)
+async def authenticate(creds: Credentials, request: Request) -> str | None:
+    """The user a request's credentials belong to (Basic user:password, or ``Bearer <password>``,
+    read with ``fastapi.security``'s schemes, which also put them in the OpenAPI docs); None
+    without valid ones."""
+    scheme = request.headers.get("authorization", "").partition(" ")[0].lower()
+    if scheme == "basic":
+        try:
+            login = await HTTPBasic(auto_error=False)(request)
+        except HTTPException:  # not base64 user:password
+            login = None
+        if login and check_login(creds, login.username, login.password):
+            return login.username
+    elif scheme == "bearer":
+        token = await HTTPBearer(auto_error=False)(request)
+        if token:
+            return next((user for user, _ in creds if check_login(creds, user, token.credentials)), None)
+    return None
 
-    async def guard(request: Request) -> None:
-        scheme = request.headers.get("authorization", "").partition(" ")[0].lower()
-        if scheme == "basic":
-            try:
-                login = await basic(request)
-            except HTTPException:  # not base64 user:password
-                login = None
-            if login and check_login(creds, login.username, login.password):
-                return
-        elif scheme == "bearer":
-            token = await bearer(request)
-            if token and any(check_login(creds, user, token.credentials) for user, _ in creds):
-                return
-        raise HTTPException(401, "Authentication required: send your --auth credentials "
-                                 "(HTTP Basic, or the password as a bearer token).",
-                            headers={"WWW-Authenticate": 'Basic realm="cpu-chat"'})
 
-    return guard
+def caller_scope(creds: Credentials | None):
+    """A FastAPI dependency naming whose conversations a request may reuse
+    (``workers.conversations``): the user, with ``--auth`` (else a 401); without, the
+    client's own address (a proxy in front makes its clients one scope)."""
+
+    async def scope(request: Request) -> str:
+        if creds is None:
+            return f"client:{request.client.host if request.client else 'unknown'}"
+        user = await authenticate(creds, request)
+        if user is None:
+            raise HTTPException(401, "Authentication required: send your --auth credentials "
+                                     "(HTTP Basic, or the password as a bearer token).",
+                                headers={"WWW-Authenticate": 'Basic realm="cpu-chat"'})
+        return f"user:{user}"
+
+    return scope

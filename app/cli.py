@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--auth", help="protect page and API: user:password, or a file of such lines")
     p.add_argument("--max-batch", type=int, help="replies each worker generates together (batched decode)")
     p.add_argument("--max-queue", type=int, help="requests that may wait for a worker")
+    p.add_argument("--kv-cache-mb", type=int, help="per worker: KV cache memory of its replies and kept conversations")
     p.add_argument("--system-prompt")
     p.add_argument("--cache-dir", help="where converted GGUF models and prepared weights are kept")
     p.add_argument("--log-level", choices=get_args(LogLevel))

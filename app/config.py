@@ -50,6 +50,7 @@ class AppConfig:
     max_batch: int
     max_queue: int
     max_context_tokens: int
+    kv_cache_mb: int
     system_prompt: str
     cache_dir: str
     hub_timeout_s: float
@@ -99,6 +100,8 @@ def validate(config: AppConfig) -> None:
         raise ConfigError(f"port must be 1-65535, got {config.port}")
     if config.max_batch < 1:
         raise ConfigError(f"max_batch must be at least 1, got {config.max_batch}")
+    if config.kv_cache_mb < 1:
+        raise ConfigError(f"kv_cache_mb must be at least 1, got {config.kv_cache_mb}")
     if config.max_queue < 0:
         raise ConfigError(f"max_queue must be 0 or more, got {config.max_queue}")
     for name, choices in (("dtype", get_args(Dtype)), ("quantize", get_args(Quantize)),

@@ -5,6 +5,8 @@
                              ▼             or the one holding the conversation's KV cache)
                      FIFO of waiters (bounded); a slot freed by Done/Failed goes to the first
 
+A conversation returns to the worker that holds its KV cache (``app.routing``).
+
 All dispatcher state lives on the event loop thread; the workers themselves (processes,
 pipes, respawn) are ``app.pool``'s, which reports their messages and deaths on that thread.
 Each worker decodes up to ``max_batch`` requests together; a slot is held from ``Generate``
@@ -27,12 +29,13 @@ import asyncio
 import logging
 import time
 import uuid
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from app.dispatch_policy import Progress, WorkerHandle, WorkerSnapshot, WorkerState, pick_worker
 from app.pool import ProcessPool
+from app.routing import Routes
 from workers.cores import WorkerLayout
 from workers.process import WorkerSpec
 from workers.protocol import ChatMessage, Chunk, Done, Failed, Notice, SamplingParams  # what a stream yields
@@ -40,7 +43,6 @@ from workers.protocol import Cancel, EngineConfig, ErrorCode, FromWorker, Genera
 
 log = logging.getLogger(__name__)
 
-STICKY_SESSIONS = 1024  # session -> worker entries remembered for KV cache reuse
 GIVE_UP_AFTER_CRASHES = 2  # every worker crashed this often in a row, none ready: requests fail, not wait
 
 
@@ -107,7 +109,7 @@ class Dispatcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiters: deque[Waiter] = deque()
         self._channels: dict[str, asyncio.Queue] = {}
-        self._sticky: OrderedDict[str, int] = OrderedDict()
+        self._routes = Routes()
         self._last = -1
 
     # lifecycle ------------------------------------------------------------------------
@@ -238,11 +240,12 @@ class Dispatcher:
         self._last = worker.id
         return lease
 
-    async def _acquire(self, request_id: str, session_id: str | None) -> AsyncIterator[Queued | Lease]:
-        """Yield ``Queued`` updates while waiting, then the lease of a slot for ``request_id``;
-        nothing more when the queue is full or the workers cannot start."""
+    async def _acquire(self, request_id: str, prefer: int | None) -> AsyncIterator[Queued | Lease]:
+        """Yield ``Queued`` updates while waiting, then the lease of a slot for ``request_id``
+        (on worker ``prefer`` if it has room); nothing more when the queue is full or the
+        workers cannot start."""
         if self.queue_depth == 0:
-            worker = pick_worker(self.workers, self._last, self._sticky.get(session_id))
+            worker = pick_worker(self.workers, self._last, prefer)
             if worker is not None:
                 yield self._lease(worker, request_id)
                 return
@@ -285,17 +288,21 @@ class Dispatcher:
         self,
         messages: Sequence[ChatMessage],
         params: SamplingParams,
+        scope: str,
         session_id: str | None = None,
     ) -> AsyncIterator[Queued | Notice | Chunk | Done | Failed]:
-        """Run one chat completion; yields until exactly one ``Done`` or ``Failed``.
+        """Run one chat completion for ``scope`` (who asks: its kept conversations are the only
+        ones it can reuse; ``session_id`` is a hint within it); yields until exactly one
+        ``Done`` or ``Failed``.
 
         Leaving the loop early (Stop, a closed tab, a dropped connection) sends ``Cancel``;
         the worker stays leased until it confirms with its ``Done``.
         """
         request_id = uuid.uuid4().hex
+        routes = self._routes.keys(scope, messages, session_id)
         lease = None
         if self.start_error is None and not self.failing:
-            acquire = self._acquire(request_id, session_id)
+            acquire = self._acquire(request_id, self._routes.find(routes))
             try:
                 async for event in acquire:
                     if isinstance(event, Queued):
@@ -318,18 +325,18 @@ class Dispatcher:
             yield failed
             return
         worker, channel = lease.worker, lease.channel
-        if session_id:
-            self._sticky[session_id] = worker.id
-            self._sticky.move_to_end(session_id)
-            while len(self._sticky) > STICKY_SESSIONS:
-                self._sticky.popitem(last=False)
-        finished = False
+        self._routes.remember(worker.id, routes)  # a retry of this turn finds the same worker
+        finished, reply = False, []
         try:
             if channel.empty():  # else its worker died in between: the failure is already there
-                self.pool.send(worker.id, Generate(request_id, tuple(messages), params, session_id))
+                self.pool.send(worker.id, Generate(request_id, tuple(messages), params, scope, session_id))
             while not finished:
                 msg = await channel.get()
                 finished = isinstance(msg, (Done, Failed))
+                if isinstance(msg, Chunk):
+                    reply.append(msg.text)
+                elif isinstance(msg, Done):
+                    self._routes.replied(worker.id, scope, messages, "".join(reply))
                 yield msg
         finally:
             if not finished:

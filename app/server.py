@@ -87,7 +87,8 @@ def build_dispatcher(config: AppConfig) -> Dispatcher:
         layouts=layouts,
         max_batch=config.max_batch,
         max_queue=config.max_queue,
-        engine_config=EngineConfig(max_context_tokens=config.max_context_tokens),
+        engine_config=EngineConfig(max_context_tokens=config.max_context_tokens,
+                                   kv_cache_bytes=config.kv_cache_mb * 2**20),
         log_level=logging.getLevelName(config.log_level.upper()),
     ))
 
@@ -169,7 +170,8 @@ def build_app(config: AppConfig, dispatcher: Dispatcher, auth: Credentials | Non
         finally:
             await dispatcher.stop()
 
-    app = FastAPI(title="CPU Chat", lifespan=lifespan)
+    docs = {} if auth is None else {"docs_url": None, "redoc_url": None, "openapi_url": None}  # app.api serves them behind a login
+    app = FastAPI(title="CPU Chat", lifespan=lifespan, **docs)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(HTTPException, http_error)
     app.include_router(build_router(dispatcher, startup, config.sampling, auth))

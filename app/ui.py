@@ -145,8 +145,9 @@ def build_ui(dispatcher: Dispatcher, startup: Startup, system_prompt: str,
         params = clamp_params(SamplingParams(int(max_new_tokens), temperature, top_p, int(top_k),
                                              repetition_penalty))
         session = request.session_hash if request else None
+        scope = f"user:{request.username}" if request and request.username else f"browser:{session}"
         reply, notes = "", ""
-        async for event in dispatcher.stream(history_to_messages(system, history, text), params, session):
+        async for event in dispatcher.stream(history_to_messages(system, history, text), params, scope, session):
             if isinstance(event, Queued):
                 yield waiting_text(dispatcher, event.position)
             elif isinstance(event, Notice):

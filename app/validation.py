@@ -17,6 +17,7 @@ MAX_MESSAGE_CHARS = 32_000  # ~8k tokens: past any context window this app serve
 MAX_REQUEST_BYTES = 2 * 2**20  # an API body: many times what any context window holds
 MAX_MESSAGES = 200
 MAX_STOP_STRINGS = 4  # as OpenAI's API
+MAX_LOGPROBS = 20  # top_logprobs, as OpenAI's API
 MAX_NEW_TOKENS = 2048
 TEMPERATURE_RANGE = (0.0, 2.0)
 TOP_P_RANGE = (0.01, 1.0)

@@ -15,8 +15,8 @@ from workers.weights import prepare
 GREEDY = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=12)
 
 
-def run(engine, ids, params=GREEDY, session=None):
-    return generate(engine, ids, params, session)
+def run(engine, ids, params=GREEDY, scope="", session=None):
+    return generate(engine, ids, params, scope, session)
 
 
 def make_engine(path: str, kernel: str, cache_dir, prefill: str | None = None, **config) -> Engine:
@@ -51,11 +51,11 @@ def test_greedy_is_deterministic_and_respects_the_budget(tiny_engine):
 def test_next_turn_reuses_the_conversation_cache_with_identical_output(tiny_engine):
     turn1 = [ChatMessage("user", "hello there")]
     ids1 = tiny_engine.prompt(turn1, 12).ids
-    answer, _ = run(tiny_engine, ids1, session="conv")
+    answer, _ = run(tiny_engine, ids1, scope="user:a")
     turn2 = turn1 + [ChatMessage("assistant", answer), ChatMessage("user", "and again")]
     ids2 = tiny_engine.prompt(turn2, 12).ids
-    cached_text, cached = run(tiny_engine, ids2, session="conv")
-    fresh_text, fresh = run(tiny_engine, ids2, session=None)
+    cached_text, cached = run(tiny_engine, ids2, scope="user:a")  # no session id: matched on token ids
+    fresh_text, fresh = run(tiny_engine, ids2, scope="")
     assert cached.metrics.cached_prompt_tokens >= len(ids1) - 1  # only the new turn was prefilled
     assert fresh.metrics.cached_prompt_tokens == 0
     assert cached_text == fresh_text
@@ -149,13 +149,13 @@ def test_batched_decode_gives_each_sequence_its_own_answer(smol_engine):
 
 def test_cancelled_sequence_reports_real_metrics_and_keeps_its_cache(smol_engine):
     ids = smol_engine.prompt([ChatMessage("user", "Count from 1 to 100.")], 100).ids
-    seq, _ = smol_engine.start(ids, SamplingParams(temperature=0.0, max_new_tokens=100), session_id="c")
+    seq, _ = smol_engine.start(ids, SamplingParams(temperature=0.0, max_new_tokens=100), "user:c")
     for _ in range(5):
         smol_engine.step([seq])
     end = smol_engine.finish(seq, FinishReason.CANCELLED)
     assert end.reason is FinishReason.CANCELLED and end.metrics.completion_tokens == 6
     assert end.metrics.decode_tokens_per_s > 0 and end.metrics.ttft_ms > 0
-    again, _ = smol_engine.start(ids, SamplingParams(temperature=0.0, max_new_tokens=1), session_id="c")
+    again, _ = smol_engine.start(ids, SamplingParams(temperature=0.0, max_new_tokens=1), "user:c")
     assert again.cached == len(ids) - 1  # the next turn finds the prompt in the kept cache
 
 

@@ -13,24 +13,23 @@ one pass over the weights) and ends one with ``finish`` on a stop token, the bud
 Cancel — so a Stop takes effect within one decode step. The engine knows nothing about
 pipes or requests; the prompt is ``workers.prompt``'s, the draw ``workers.sampling``'s.
 
-A conversation's KV cache is kept after each turn (keyed by session id, least recently
-used evicted past a memory budget), and the next turn prefills only the token ids that
-do not share a prefix with the cached ones. Prefixes are matched on token ids, never on
-re-tokenized text.
+A conversation's KV cache is kept after each turn, and a later prompt in the same scope
+prefills only the token ids that do not share a prefix with a kept one; every sequence's
+KV memory is committed against the worker's budget (``workers.conversations``).
 """
 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
 
+from workers.conversations import Conversations
 from workers.detokenize import IncrementalDetokenizer, StopStrings
 from workers.prompt import Prompt, build_prompt
-from workers.protocol import ChatMessage, EngineConfig, FinishReason, Metrics, SamplingParams
-from workers.sampling import sample
+from workers.protocol import ChatMessage, EngineConfig, FinishReason, Metrics, SamplingParams, TokenLogprob
+from workers.sampling import logprobs, sample
 
 
 @dataclass(frozen=True)
@@ -53,8 +52,10 @@ class Sequence:
 
     prompt_ids: list[int]
     params: SamplingParams
+    scope: str  # whose conversation (workers.conversations)
     session_id: str | None
-    budget: int  # most new tokens: max_new_tokens, capped by the context window
+    budget: int  # most new tokens (Engine._budget)
+    kv_bytes: int  # KV memory committed for the prompt and the whole budget
     detok: IncrementalDetokenizer
     stop_strings: StopStrings
     history: torch.Tensor  # [<= repetition_window] recent ids, for repetition_penalty
@@ -64,6 +65,7 @@ class Sequence:
     cached: int = 0  # prompt tokens whose KV came from the conversation cache
     pending: list[int] = field(default_factory=list)  # prompt tokens still to prefill
     generated: list[int] = field(default_factory=list)  # the last one is sampled, not yet fed
+    unsent_logprobs: list[TokenLogprob] = field(default_factory=list)  # when asked for: until their text is sent
     reason: FinishReason | None = None  # set once it must not be stepped again
     started: float = field(default_factory=time.perf_counter)
     first_token_at: float = 0.0
@@ -71,15 +73,10 @@ class Sequence:
 
 
 @dataclass
-class _Session:
-    ids: list[int]  # token ids whose keys/values are in ``cache``
-    cache: object  # the decoder's cache: has .length, .truncate(n), .nbytes
-
-
-@dataclass
 class Engine:
-    """Generation over a decoder: anything with ``new_cache()`` and ``forward(ids [S], cache) -> [V]``
-    (``workers.model.Transformer``, or ``workers.hf_decoder.HFDecoder`` for other architectures)."""
+    """Generation over a decoder: anything with ``new_cache()``, ``kv_bytes_per_token`` and
+    ``forward(ids [S], cache) -> [V]`` (``workers.model.Transformer``, or
+    ``workers.hf_decoder.HFDecoder`` for other architectures)."""
 
     decoder: object
     tokenizer: object
@@ -89,7 +86,8 @@ class Engine:
 
     def __post_init__(self) -> None:
         self.context_tokens = min(self.decoder.max_seq_len, self.config.max_context_tokens)
-        self._sessions: OrderedDict[str, _Session] = OrderedDict()
+        self.conversations = Conversations(self.decoder.new_cache, self.decoder.kv_bytes_per_token,
+                                           self.config.kv_cache_bytes)
 
     # prompt --------------------------------------------------------------------------
 
@@ -99,59 +97,53 @@ class Engine:
         room = min(max_new_tokens, self.context_tokens // 4)
         return build_prompt(self.tokenizer, messages, self.context_tokens - max(room, 1))
 
-    # conversation caches --------------------------------------------------------------
+    # memory ---------------------------------------------------------------------------
 
-    def _session_cache(self, session_id: str | None, prompt_ids: list[int]):
-        """A cache holding the longest cached prefix of ``prompt_ids``, and that prefix's length."""
-        session = self._sessions.pop(session_id, None) if session_id else None
-        if session is None:
-            return self.decoder.new_cache(), 0
-        common = 0
-        for a, b in zip(session.ids, prompt_ids, strict=False):
-            if a != b:
-                break
-            common += 1
-        common = min(common, len(prompt_ids) - 1)  # at least one token to prefill for logits
-        session.cache.truncate(common)
-        return session.cache, common
+    def _budget(self, prompt_ids: list[int], params: SamplingParams) -> int:
+        """Most new tokens: ``max_new_tokens``, capped by what the context window leaves."""
+        return max(0, min(params.max_new_tokens, self.context_tokens - len(prompt_ids)))
 
-    def _keep_session(self, session_id: str | None, ids: list[int], cache) -> None:
-        """Keep this conversation's cache; evict least recently used ones past the memory budget."""
-        if not session_id:
-            return
-        self._sessions[session_id] = _Session(ids=ids, cache=cache)
-        budget = self.config.session_cache_bytes
-        while len(self._sessions) > 1 and sum(s.cache.nbytes for s in self._sessions.values()) > budget:
-            self._sessions.popitem(last=False)
+    def kv_need(self, prompt_ids: list[int], params: SamplingParams) -> int:
+        """Bytes of KV cache a request commits: its prompt and its whole reply budget."""
+        return self.conversations.bytes_for(len(prompt_ids) + self._budget(prompt_ids, params))
+
+    def fits(self, need: int) -> bool:
+        """Whether a request needing ``need`` bytes can start now (kept caches make way)."""
+        return self.conversations.room_for(need)
 
     # generation ----------------------------------------------------------------------
 
-    def start(self, prompt_ids: list[int], params: SamplingParams, session_id: str | None = None,
+    def start(self, prompt_ids: list[int], params: SamplingParams, scope: str = "", session_id: str | None = None,
               key: str = "") -> tuple[Sequence, Step | None]:
         """Prefill (only what the conversation cache lacks) and sample the first token."""
-        seq = self.begin(prompt_ids, params, session_id, key)
+        seq = self.begin(prompt_ids, params, scope, session_id, key)
         return seq, self.prefill(seq)
 
-    def begin(self, prompt_ids: list[int], params: SamplingParams, session_id: str | None = None,
+    def begin(self, prompt_ids: list[int], params: SamplingParams, scope: str = "", session_id: str | None = None,
               key: str = "") -> Sequence:
-        """A sequence for this prompt, holding the conversation's cache; nothing computed yet."""
+        """A sequence for this prompt, holding its scope's longest cached prefix; nothing computed
+        yet. Its KV memory is committed now (check ``fits`` first to stay within the budget)."""
+        budget = self._budget(prompt_ids, params)
         seq = Sequence(
             key=key,
             prompt_ids=list(prompt_ids),
             params=params,
+            scope=scope,
             session_id=session_id,
-            budget=max(0, min(params.max_new_tokens, self.context_tokens - len(prompt_ids))),
+            budget=budget,
+            kv_bytes=self.conversations.bytes_for(len(prompt_ids) + budget),
             detok=IncrementalDetokenizer(self.tokenizer),
             stop_strings=StopStrings(params.stop),
             history=torch.tensor(prompt_ids[-self.config.repetition_window :], dtype=torch.long),
             generator=torch.Generator().manual_seed(params.seed) if params.seed is not None else None,
         )
-        seq.cache, seq.cached = self._session_cache(session_id, prompt_ids)
+        self.conversations.commit(seq.kv_bytes)
+        seq.cache, seq.cached = self.conversations.lookup(scope, session_id, seq.prompt_ids)
         if seq.budget == 0:
             seq.reason = FinishReason.LENGTH
         else:
             seq.pending = list(prompt_ids[seq.cached :])
-            seq.cache.reserve(len(prompt_ids))  # now, not by doubling between prefill chunks
+            seq.cache.reserve(len(prompt_ids) + budget)  # now, never by copying between prefill chunks or steps
         return seq
 
     @torch.no_grad()
@@ -165,7 +157,7 @@ class Engine:
         logits = self.decoder.forward(torch.tensor(chunk), seq.cache, logits=not seq.pending)  # [V]
         if seq.pending:
             return None
-        return self._take(seq, sample(logits, seq.params, seq.history, seq.generator))
+        return self._take(seq, sample(logits, seq.params, seq.history, seq.generator), logits)
 
     @torch.no_grad()
     def step(self, seqs: list[Sequence]) -> list[tuple[Sequence, Step]]:
@@ -177,13 +169,14 @@ class Engine:
         logits = self.decoder.forward_batch(tokens, [s.cache for s in live])  # [B, V]
         steps = []
         for seq, row in zip(live, logits, strict=True):
-            step = self._take(seq, sample(row, seq.params, seq.history, seq.generator))
+            step = self._take(seq, sample(row, seq.params, seq.history, seq.generator), row)
             if step is not None:
                 steps.append((seq, step))
         return steps
 
-    def _take(self, seq: Sequence, token: int) -> Step | None:
-        """Record a sampled token: a stop token ends the sequence, others add text."""
+    def _take(self, seq: Sequence, token: int, logits: torch.Tensor) -> Step | None:
+        """Record a sampled token: a stop token ends the sequence, others add text (and, when
+        asked for, their log-probabilities)."""
         now = time.perf_counter()
         seq.first_token_at = seq.first_token_at or now
         seq.last_token_at = now
@@ -191,6 +184,10 @@ class Engine:
             seq.reason = FinishReason.STOP
             return None
         seq.generated.append(token)
+        if seq.params.logprobs is not None:
+            logp, top = logprobs(logits, token, seq.params.logprobs)
+            decode = self.tokenizer.decode
+            seq.unsent_logprobs.append(TokenLogprob(decode([token]), logp, tuple((decode([i]), p) for i, p in top)))
         seq.history = torch.cat([seq.history[1 - self.config.repetition_window :], torch.tensor([token])])
         if len(seq.generated) >= seq.budget:
             seq.reason = FinishReason.LENGTH
@@ -200,11 +197,13 @@ class Engine:
         return Step(text)
 
     def finish(self, seq: Sequence, reason: FinishReason | None = None) -> Finished:
-        """End a sequence (``reason`` overrides, e.g. CANCELLED): keep its cache, report metrics."""
+        """End a sequence (``reason`` overrides, e.g. CANCELLED): release its memory, keep its
+        cache for the conversation's next turn, report metrics."""
         reason = reason or seq.reason or FinishReason.CANCELLED
         seq.reason = reason
+        self.conversations.release(seq.kv_bytes)
         in_cache = (seq.prompt_ids + seq.generated)[: seq.cache.length]
-        self._keep_session(seq.session_id, in_cache, seq.cache)  # a stopped turn's cache is still useful
+        self.conversations.keep(seq.scope, seq.session_id, in_cache, seq.cache)  # a stopped turn's is useful too
         n = len(seq.generated)
         decode_s = seq.last_token_at - seq.first_token_at
         metrics = Metrics(

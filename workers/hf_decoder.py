@@ -6,6 +6,8 @@ so ``--model`` accepts any causal-LM directory.
 
 from __future__ import annotations
 
+from copy import deepcopy
+
 import torch
 from transformers import DynamicCache
 
@@ -23,6 +25,12 @@ class HFCache:
     def reserve(self, total: int) -> None:
         """transformers' cache grows by itself."""
 
+    def copy_prefix(self, length: int) -> HFCache:
+        copy = HFCache.__new__(HFCache)
+        copy.inner, copy.length = deepcopy(self.inner), self.length
+        copy.truncate(length)
+        return copy
+
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for layer in self.inner.layers
@@ -36,6 +44,13 @@ class HFDecoder:
 
     def new_cache(self) -> HFCache:
         return HFCache(self.model.config)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        cfg = self.model.config.get_text_config()
+        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        return 2 * cfg.num_hidden_layers * heads * head_dim * self.model.dtype.itemsize
 
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, cache: HFCache, logits: bool = True) -> torch.Tensor | None:

@@ -91,7 +91,12 @@ class Layer:
 
 
 class KVCache:
-    """Keys and values of one conversation, [n_layers, Hkv, capacity, D] each; grows by doubling."""
+    """Keys and values of one conversation, [n_layers, Hkv, capacity, D] each.
+
+    The engine reserves a sequence's whole prompt and reply budget up front: the memory is
+    allocated at once but its pages are only touched as tokens are written, and no copy is
+    made while the reply grows. Growing by doubling remains for callers that do not reserve,
+    and never past the model's window."""
 
     def __init__(self, args: ModelArgs, dtype: torch.dtype, capacity: int = 256) -> None:
         self.args, self.dtype, self.length = args, dtype, 0
@@ -106,7 +111,7 @@ class KVCache:
     def reserve(self, total: int) -> None:
         if total <= self.capacity:
             return
-        capacity = max(total, 2 * self.capacity)
+        capacity = max(total, min(2 * self.capacity, self.args.max_seq_len))
         for name in ("k", "v"):
             old = getattr(self, name)
             new = torch.empty(old.shape[0], old.shape[1], capacity, old.shape[3], dtype=self.dtype)
@@ -116,6 +121,14 @@ class KVCache:
     def truncate(self, length: int) -> None:
         """Forget everything after ``length`` tokens (positions are simply overwritten later)."""
         self.length = min(self.length, length)
+
+    def copy_prefix(self, length: int) -> KVCache:
+        """A new cache holding the first ``length`` tokens of this one (this one is unchanged)."""
+        copy = KVCache(self.args, self.dtype, capacity=max(length, 1))
+        copy.k[:, :, :length] = self.k[:, :, :length]
+        copy.v[:, :, :length] = self.v[:, :, :length]
+        copy.length = length
+        return copy
 
     @property
     def nbytes(self) -> int:
@@ -156,6 +169,12 @@ class Transformer:
 
     def new_cache(self) -> KVCache:
         return KVCache(self.args, self.dtype)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """What one token of context costs in a cache: keys and values in every layer."""
+        a = self.args
+        return 2 * a.n_layers * a.n_kv_heads * a.head_dim * self.dtype.itemsize
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin for positions [B, S] → each [B, S, 1, D] (broadcast over heads)."""

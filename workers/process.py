@@ -32,6 +32,7 @@ from workers.protocol import (
     Failed,
     FinishReason,
     Generate,
+    Metrics,
     Notice,
     Ready,
     SamplingParams,
@@ -129,6 +130,15 @@ def warm_up(engine, tokens: int) -> None:
         engine.finish(seq)
 
 
+@dataclass(frozen=True)
+class Admitted:
+    """A request whose prompt is built, and the KV memory it will commit."""
+
+    request: Generate
+    prompt_ids: list[int]
+    kv_bytes: int
+
+
 @dataclass
 class ChunkSize:
     """How many prompt tokens to prefill between two decode steps.
@@ -164,10 +174,12 @@ class Batch:
     def __init__(self, engine, conn, worker_id: int) -> None:
         self.engine, self.conn, self.worker_id = engine, conn, worker_id
         self.active: dict[str, object] = {}  # request_id -> workers.engine.Sequence
+        self.waiting: dict[str, Admitted] = {}  # prompt built, waiting for KV memory (arrival order)
         self.chunk = ChunkSize()
 
     def admit(self, req: Generate) -> None:
-        """Build the prompt and queue it for prefill; refusals go back as Failed."""
+        """Build the prompt, then start it when its KV memory fits (else it waits for a reply
+        to end); refusals go back as Failed."""
         from workers.prompt import PromptTooLong
 
         rid = req.request_id
@@ -176,10 +188,32 @@ class Batch:
         except PromptTooLong as exc:
             self.conn.send(Failed(rid, str(exc), ErrorCode.INVALID_REQUEST))
             return
+        need, budget = self.engine.kv_need(prompt.ids, req.params), self.engine.conversations.budget_bytes
+        if need > budget:
+            self.conn.send(Failed(rid, f"This reply would need {need / 2**20:.0f} MB of KV cache memory (a "
+                                       f"{len(prompt.ids)}-token prompt and up to {req.params.max_new_tokens} new "
+                                       f"tokens), more than a worker's {budget / 2**20:.0f} MB (kv_cache_mb). "
+                                       "Send a shorter conversation or ask for fewer new tokens.",
+                                  ErrorCode.INVALID_REQUEST))
+            return
         if prompt.dropped_turns:
             self.conn.send(Notice(rid, f"The conversation is longer than the context window: its oldest "
                                        f"{prompt.dropped_turns} messages were left out of this reply's prompt."))
-        self.active[rid] = self.engine.begin(prompt.ids, req.params, req.session_id, key=rid)
+        self.waiting[rid] = Admitted(req, prompt.ids, need)
+        self._start_waiting()
+        if rid in self.waiting:
+            self.conn.send(Notice(rid, "This worker's memory for conversations is full: your reply starts as "
+                                       "soon as another one ends."))
+
+    def _start_waiting(self) -> None:
+        """Start waiting requests in arrival order while their KV memory fits."""
+        while self.waiting:
+            rid, admitted = next(iter(self.waiting.items()))
+            if not self.engine.fits(admitted.kv_bytes):
+                return
+            del self.waiting[rid]
+            req = admitted.request
+            self.active[rid] = self.engine.begin(admitted.prompt_ids, req.params, req.scope, req.session_id, key=rid)
         self._finish_done()  # a prompt that leaves no room for a reply ends here
 
     def step(self) -> None:
@@ -206,21 +240,36 @@ class Batch:
     def cancel(self, rid: str) -> None:
         if rid in self.active:
             self._finish(self.active.pop(rid), FinishReason.CANCELLED)
+            self._start_waiting()
+        elif self.waiting.pop(rid, None) is not None:
+            self.conn.send(Done(rid, FinishReason.CANCELLED, Metrics(worker=self.worker_id)))
 
     def fail_all(self, message: str) -> None:
-        for rid in list(self.active):
-            del self.active[rid]
+        for rid in [*self.active, *self.waiting]:
+            self.active.pop(rid, None)
+            self.waiting.pop(rid, None)
             self.conn.send(Failed(rid, message))
 
     def _send(self, seq, step) -> None:
         if step.text:
-            self.conn.send(Chunk(seq.key, step.text, len(seq.generated)))
+            self.conn.send(Chunk(seq.key, step.text, len(seq.generated), self._logprobs(seq)))
+
+    @staticmethod
+    def _logprobs(seq) -> tuple:
+        """The log-probabilities of the tokens whose text goes out now (a token that ends
+        mid-character goes out with the next one's text)."""
+        sent, seq.unsent_logprobs = tuple(seq.unsent_logprobs), []
+        return sent
 
     def _finish_done(self) -> None:
+        ended = False
         for rid, seq in list(self.active.items()):
             if seq.reason is not None:
                 del self.active[rid]
                 self._finish(seq)
+                ended = True
+        if ended:
+            self._start_waiting()
 
     def _finish(self, seq, reason: FinishReason | None = None) -> None:
         """Send the request's last text and its ``Done``; a request always gets a final message."""
@@ -231,8 +280,8 @@ class Batch:
             self.conn.send(Failed(seq.key, f"The reply could not be finished on worker {self.worker_id}: "
                                             f"{type(exc).__name__}: {exc}"))
             return
-        if end.tail_text:
-            self.conn.send(Chunk(seq.key, end.tail_text, end.metrics.completion_tokens))
+        if end.tail_text or seq.unsent_logprobs:
+            self.conn.send(Chunk(seq.key, end.tail_text, end.metrics.completion_tokens, self._logprobs(seq)))
         self.conn.send(Done(seq.key, end.reason, end.metrics))
 
 
@@ -260,6 +309,7 @@ def serve_requests(engine, conn, worker_id: int) -> None:
             except Exception as exc:  # noqa: BLE001 - one bad request must not take the worker down
                 log.exception("request %s failed", getattr(msg, "request_id", "?"))
                 batch.active.pop(getattr(msg, "request_id", None), None)
+                batch.waiting.pop(getattr(msg, "request_id", None), None)
                 reason = f"Generation failed on worker {worker_id}: {type(exc).__name__}: {exc}"
                 conn.send(Failed(msg.request_id, reason))
         if batch.active:

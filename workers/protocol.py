@@ -37,6 +37,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()  # the reply ends before the first of these strings
+    logprobs: int | None = None  # None: none; k: each token's log-probability and the k likeliest alternatives
 
     @property
     def greedy(self) -> bool:
@@ -48,7 +49,7 @@ class EngineConfig:
     """How a worker's engine generates; given to each worker when it starts."""
 
     max_context_tokens: int  # cap on the model's own window, to bound CPU memory (from the app's config)
-    session_cache_bytes: int = 256 * 2**20  # conversation KV caches kept across turns
+    kv_cache_bytes: int = 1024 * 2**20  # KV memory of live replies and kept conversations (workers.conversations)
     repetition_window: int = 256  # how many recent ids repetition_penalty looks at
 
 
@@ -66,7 +67,8 @@ class Generate:
     request_id: str
     messages: tuple[ChatMessage, ...]
     params: SamplingParams
-    session_id: str | None = None
+    scope: str = ""  # whose conversation: kept caches are matched within one scope only
+    session_id: str | None = None  # a hint within the scope, never a key across scopes
 
 
 @dataclass(frozen=True)
@@ -102,10 +104,21 @@ class Notice:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token as text, its log-probability under the model, and the likeliest
+    alternatives at its position (``SamplingParams.logprobs`` of them)."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class Chunk:
     request_id: str
     text: str
     tokens: int
+    logprobs: tuple[TokenLogprob, ...] = ()  # the tokens this text came from, when asked for
 
 
 @dataclass(frozen=True)

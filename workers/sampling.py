@@ -41,3 +41,13 @@ def sample(
     u = torch.rand(1, generator=generator) * cdf[-1]
     pick = min(int(torch.searchsorted(cdf, u)), cdf.numel() - 1)
     return int(ids[pick]) if ids is not None else pick
+
+
+def logprobs(logits: torch.Tensor, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
+    """The chosen token's log-probability under the model's own distribution (before the
+    sampling settings reshape it, as OpenAI-compatible servers report it), and the ``k``
+    likeliest ids with theirs."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    top = torch.topk(logp, k) if k > 0 else None
+    alternatives = list(zip(top.indices.tolist(), top.values.tolist(), strict=True)) if top is not None else []
+    return float(logp[token]), alternatives

@@ -1,0 +1,108 @@
+"""The KV caches a worker keeps between turns, whose they are, and the memory they may take.
+
+**Scoped.** Each kept cache belongs to a scope: the authenticated user, else the browser
+session, else the API client's address (the app decides; no scope, nothing kept). A prompt is matched only against
+its own scope's caches, so nobody learns from ``cached_tokens`` or the time to first token
+how much of someone else's conversation they guessed, nor evicts it by sending its id.
+
+**Matched on token ids.** Within its scope, a prompt takes the kept cache that shares its
+longest token-id prefix, so an OpenAI client that resends the whole history each turn gets
+the cache without knowing about sessions. A ``session_id`` is only a hint inside the scope:
+it breaks ties, and lets a conversation that went back (retry, edit) take its own cache.
+A cache that only shares an early part with the prompt (two conversations with the same
+system prompt) is copied up to the shared part, so the other conversation keeps its own.
+
+**Budgeted.** A live sequence commits the KV memory of its whole prompt plus its reply
+budget when it is admitted (allocated at once, but the pages are only touched as it
+grows), so a batch can never outgrow the worker's budget mid-reply. Kept caches get what
+is left over, least recently used evicted first. What does not fit waits for a reply to
+end; what could never fit is refused (``Batch.admit``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+TAKE_SLACK = 8  # a kept cache at most this far past the matched prefix is taken, not copied (a reply re-tokenized)
+
+
+@dataclass
+class Kept:
+    scope: str
+    session_id: str | None
+    ids: list[int]  # token ids whose keys/values are in ``cache``
+    cache: object  # the decoder's cache: .length, .truncate(n), .copy_prefix(n)
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class Conversations:
+    """Kept caches (least recently used first) and the bytes committed to live sequences."""
+
+    def __init__(self, new_cache: Callable[[], object], bytes_per_token: int, budget_bytes: int) -> None:
+        self.new_cache, self.bytes_per_token, self.budget_bytes = new_cache, bytes_per_token, budget_bytes
+        self.kept: list[Kept] = []
+        self.committed = 0  # bytes reserved by live sequences
+
+    # memory ----------------------------------------------------------------------------
+
+    def bytes_for(self, tokens: int) -> int:
+        return tokens * self.bytes_per_token
+
+    @property
+    def kept_bytes(self) -> int:
+        return sum(self.bytes_for(len(k.ids)) for k in self.kept)
+
+    def room_for(self, need: int) -> bool:
+        """Whether ``need`` more bytes fit next to the live sequences, evicting kept caches
+        (least recently used first) to make room; nothing is evicted when it cannot fit."""
+        if self.committed + need > self.budget_bytes:
+            return False
+        while self.kept and self.committed + need + self.kept_bytes > self.budget_bytes:
+            self.kept.pop(0)
+        return True
+
+    def commit(self, need: int) -> None:
+        self.committed += need
+
+    def release(self, need: int) -> None:
+        self.committed = max(0, self.committed - need)
+
+    # caches ----------------------------------------------------------------------------
+
+    def lookup(self, scope: str, session_id: str | None, prompt_ids: list[int]) -> tuple[object, int]:
+        """A cache for ``prompt_ids`` holding its longest kept prefix in ``scope``, and that length."""
+        best, best_len = None, 0
+        for kept in self.kept if scope else ():
+            if kept.scope != scope:
+                continue
+            n = common_prefix(kept.ids, prompt_ids)
+            hinted = session_id is not None and kept.session_id == session_id
+            if n > best_len or (n == best_len and n > 0 and hinted):
+                best, best_len = kept, n
+        common = min(best_len, len(prompt_ids) - 1)  # at least one token to prefill, for the logits
+        if best is None or common <= 0:
+            return self.new_cache(), 0
+        own = session_id is not None and best.session_id == session_id
+        if own or len(best.ids) - common <= TAKE_SLACK:  # this conversation's next turn (or its retry)
+            self.kept.remove(best)
+            best.cache.truncate(common)
+            return best.cache, common
+        return best.cache.copy_prefix(common), common  # another conversation's: leave it whole
+
+    def keep(self, scope: str, session_id: str | None, ids: list[int], cache) -> None:
+        """Keep a finished turn's cache (most recently used), within what the budget leaves over;
+        a turn without a scope (the warm-up, a test) is nobody's to continue."""
+        if not scope:
+            return
+        self.kept.append(Kept(scope, session_id, ids, cache))
+        while self.kept and self.committed + self.kept_bytes > self.budget_bytes:
+            self.kept.pop(0)
