@@ -288,12 +288,12 @@ class Dispatcher:
         self,
         messages: Sequence[ChatMessage],
         params: SamplingParams,
-        scope: str,
+        scope: str = "",
         session_id: str | None = None,
     ) -> AsyncIterator[Queued | Notice | Chunk | Done | Failed]:
         """Run one chat completion for ``scope`` (who asks: its kept conversations are the only
-        ones it can reuse; ``session_id`` is a hint within it); yields until exactly one
-        ``Done`` or ``Failed``.
+        ones it can reuse, and ``""`` keeps none; ``session_id`` is a hint within it); yields
+        until exactly one ``Done`` or ``Failed``.
 
         Leaving the loop early (Stop, a closed tab, a dropped connection) sends ``Cancel``;
         the worker stays leased until it confirms with its ``Done``.

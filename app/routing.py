@@ -36,8 +36,13 @@ class Routes:
         self._worker: OrderedDict[str, int] = OrderedDict()
 
     def keys(self, scope: str, messages: Sequence[ChatMessage], session_id: str | None) -> list[str]:
-        """The keys a request is looked up by: its history, then its session hint."""
-        keys = [conversation_key(scope, messages[:-1])]
+        """The keys a request is looked up by: its history, then its session hint. None for a
+        first turn (nothing but a system prompt before it) or a caller without a scope: those
+        go to the least loaded worker, not all to the one that served the scope's last first turn."""
+        if not scope:
+            return []
+        history = messages[:-1]
+        keys = [conversation_key(scope, history)] if any(m.role != "system" for m in history) else []
         if session_id:
             keys.append(conversation_key(scope, [ChatMessage("session", session_id)]))
         return keys

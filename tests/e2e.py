@@ -30,9 +30,11 @@ class RunningApp:
     url: str
     log_path: Path
     worker_pids: list[int] = field(default_factory=list)
+    auth: tuple[str, str] | None = None  # its --auth login, when it was started with one
 
     def health(self) -> dict:
-        return httpx.get(f"{self.url}/health", timeout=5).json()
+        """/health in full (with ``--auth``, the details need the login)."""
+        return httpx.get(f"{self.url}/health", auth=self.auth, timeout=5).json()
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -64,7 +66,8 @@ def start_app(tmp_path: Path, *args: str, ready_timeout_s: float = 240, env: dic
         cwd=ROOT, stdout=log_path.open("w"), stderr=subprocess.STDOUT,
         env={**os.environ, **(env or {})},
     )
-    app = RunningApp(process, f"http://127.0.0.1:{port}", log_path)
+    login = args[args.index("--auth") + 1].split(":", 1) if "--auth" in args else None
+    app = RunningApp(process, f"http://127.0.0.1:{port}", log_path, auth=tuple(login) if login else None)
     deadline = time.monotonic() + ready_timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:

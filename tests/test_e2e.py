@@ -96,14 +96,45 @@ def test_openai_sdk_fields_are_honoured_or_refused_by_name(app):
                                           {"type": "text", "text": "of France?"}]}]
     assert "Paris" in client.chat.completions.create(messages=parts, **ask).choices[0].message.content
     refused = {"n": {"n": 2}, "tools": {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
-               "response_format": {"response_format": {"type": "json_object"}}, "logprobs": {"logprobs": True}}
+               "response_format": {"response_format": {"type": "json_object"}},
+               "top_logprobs": {"top_logprobs": 2}}  # without logprobs=True, as OpenAI's
     for field, extra in refused.items():
         with pytest.raises(openai.BadRequestError, match=field):
             client.chat.completions.create(messages=counting, **ask, **extra)
+    plain = {"repetition_penalty": 1.0}  # so greedy takes the likeliest token of the model's distribution
+    scored = client.chat.completions.create(messages=counting, logprobs=True, top_logprobs=2, extra_body=plain,
+                                            **ask).choices[0]
+    tokens = scored.logprobs.content
+    assert "".join(t.token for t in tokens) == scored.message.content  # one entry per generated token
+    assert all(len(t.top_logprobs) == 2 and t.top_logprobs[0].token == t.token for t in tokens)
+    streamed = list(client.chat.completions.create(messages=counting, logprobs=True, stream=True, extra_body=plain,
+                                                   **ask))
+    assert [t.token for c in streamed if c.choices[0].logprobs for t in c.choices[0].logprobs.content] == \
+        [t.token for t in tokens]
     image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/x.png"}}]}]
     with pytest.raises(openai.UnprocessableEntityError, match="only text content parts"):
         client.chat.completions.create(messages=image, **ask)
     assert app.health()["ready"]
+
+
+def test_a_guessed_session_id_gets_nothing_of_another_clients_conversation(app):
+    """Without --auth a client's scope is its address: 127.0.0.2 is another client of this
+    loopback server. It sends Alice's exact words and her session id, and learns nothing."""
+    def sdk(address: str) -> openai.OpenAI:
+        transport = httpx.HTTPTransport(local_address=address)
+        return openai.OpenAI(base_url=app.url + "/v1", api_key="unused", max_retries=0,
+                             http_client=httpx.Client(transport=transport, timeout=120))
+
+    alice, mallory = sdk("127.0.0.1"), sdk("127.0.0.2")
+    ask = dict(model="any", temperature=0.0, max_tokens=16)
+    said = [{"role": "user", "content": "My locker code is 4711 and my dog is called Rex. Say hello."}]
+    first = alice.chat.completions.create(messages=said, extra_body={"session_id": "alice-1"}, **ask)
+    guess = mallory.chat.completions.create(messages=said, extra_body={"session_id": "alice-1"}, **ask)
+    assert guess.usage.prompt_tokens_details.cached_tokens == 0
+    replay = said + [{"role": "assistant", "content": first.choices[0].message.content},
+                     {"role": "user", "content": "Thanks!"}]
+    second = alice.chat.completions.create(messages=replay, **ask)  # the SDK's way: history again, no session id
+    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1
 
 
 def scrape(app) -> dict[str, float]:
@@ -122,11 +153,11 @@ def test_metrics_count_requests_tokens_and_cached_prompt_tokens(app):
     before = scrape(app)
     question = {"role": "user", "content": "What is the capital of France?"}
     first = httpx.post(app.url + "/v1/chat/completions", timeout=120, json={
-        "messages": [question], "temperature": 0, "max_tokens": 32, "session_id": "metrics-test"}).json()
+        "messages": [question], "temperature": 0, "max_tokens": 32}).json()
     answer = {"role": "assistant", "content": first["choices"][0]["message"]["content"]}
-    second = httpx.post(app.url + "/v1/chat/completions", timeout=120, json={
+    second = httpx.post(app.url + "/v1/chat/completions", timeout=120, json={  # the history again, no session id
         "messages": [question, answer, {"role": "user", "content": "And of Germany?"}],
-        "temperature": 0, "max_tokens": 32, "session_id": "metrics-test"}).json()
+        "temperature": 0, "max_tokens": 32}).json()
     after = scrape(app)
 
     def moved(name):
@@ -139,8 +170,8 @@ def test_metrics_count_requests_tokens_and_cached_prompt_tokens(app):
     assert moved("cpu_chat_generated_tokens_total") == sum(u["completion_tokens"] for u in usage)
     assert moved("cpu_chat_prompt_tokens_total") == sum(u["prompt_tokens"] for u in usage)
     cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
-    assert cached > 0, "the second turn of a session should reuse the first turn's KV cache"
-    assert moved("cpu_chat_cached_prompt_tokens_total") == cached
+    assert cached > 0, "the second turn should reuse the first turn's KV cache (routed back, matched on ids)"
+    assert moved("cpu_chat_cached_prompt_tokens_total") == sum(u["prompt_tokens_details"]["cached_tokens"] for u in usage)
     assert moved("cpu_chat_time_to_first_token_seconds_count") == 2
     assert moved("cpu_chat_time_per_output_token_seconds_count") == 2
     assert after["cpu_chat_workers"] == after["cpu_chat_ready_workers"] == 2

@@ -233,7 +233,13 @@ def test_auth_protects_api_and_page(private_app):
     bearer = httpx.get(url + "/v1/models", headers={"Authorization": "Bearer s3cret"}, timeout=10)
     assert bearer.status_code == 200
     assert httpx.get(url + "/config", timeout=10).status_code == 401  # the page wants a login
-    assert httpx.get(url + "/metrics", timeout=10).status_code == 200  # open like /health: no prompts in it
+    assert httpx.get(url + "/metrics", timeout=10).status_code == 200  # open: no prompts in it
+    assert httpx.get(url + "/health", timeout=10).json() == {"ready": True, "workers_ready": 1}  # readiness only
+    assert "model_source" in httpx.get(url + "/health", auth=("alice", "s3cret"), timeout=10).json()
+    for docs in ("/docs", "/openapi.json"):
+        assert httpx.get(url + docs, timeout=10).status_code == 401
+        assert httpx.get(url + docs, auth=("alice", "s3cret"), timeout=10).status_code == 200
+    assert "/v1/chat/completions" in httpx.get(url + "/openapi.json", auth=("alice", "s3cret"), timeout=10).text
     assert "without --auth" not in private_app.log()
 
 
