@@ -34,19 +34,20 @@ import multiprocess
 
 from workers.cores import WorkerLayout
 from workers.process import WorkerSpec, run_worker
-from workers.protocol import FromWorker, Shutdown, ToWorker
+from workers.protocol import FromWorker, Ready, Shutdown, ToWorker
 
 log = logging.getLogger(__name__)
 
 RESPAWN_BASE_DELAY_S = 0.5
 RESPAWN_MAX_DELAY_S = 30.0
-STABLE_AFTER_S = 60.0  # a worker that lived this long resets its crash backoff
 SHUTDOWN_GRACE_S = 5.0
 
 
 def respawn_delay(crashes_in_a_row: int) -> float:
     """Exponential backoff: 0.5 s after a first crash, doubling up to 30 s, so a worker that
-    cannot load (bad model, out of memory) does not spin."""
+    cannot load (bad model, out of memory) does not spin. Only deaths before ``Ready`` count
+    in a row: a worker that had loaded and then died (killed, or a bug in one request) comes
+    back after the first delay, however often that happens, since loading limits the pace."""
     return min(RESPAWN_MAX_DELAY_S, RESPAWN_BASE_DELAY_S * 2 ** max(0, crashes_in_a_row - 1))
 
 
@@ -68,8 +69,9 @@ class WorkerProcess:
     conn: object = None
     outbox: queue.SimpleQueue | None = None  # what the writer thread sends; None ends it
     started_at: float = 0.0
+    loaded: bool = False  # it sent Ready since its last start
     restarts: int = 0
-    crashes_in_a_row: int = 0
+    crashes_in_a_row: int = 0  # deaths before Ready, since it was last ready
 
     @property
     def id(self) -> int:
@@ -130,7 +132,7 @@ class ProcessPool:
         child.close()  # so the parent sees EOF when the worker dies
         if worker.outbox is not None:
             worker.outbox.put(None)  # the old writer, if it still waits
-        worker.process, worker.conn, worker.started_at = process, parent, time.monotonic()
+        worker.process, worker.conn, worker.started_at, worker.loaded = process, parent, time.monotonic(), False
         worker.outbox = queue.SimpleQueue()
         self._on_spawn(worker.id)
         threading.Thread(target=self._read, args=(worker, parent, process), daemon=True,
@@ -152,6 +154,8 @@ class ProcessPool:
                 process.join(1.0)
                 call_soon(self._loop, self._exited, worker, conn, process.exitcode)
                 return
+            if isinstance(msg, Ready):
+                worker.loaded = True
             call_soon(self._loop, self._on_message, worker.id, msg)
 
     @staticmethod
@@ -168,8 +172,7 @@ class ProcessPool:
         if conn is not worker.conn:  # a stale reader of an already replaced process
             return
         worker.outbox.put(None)
-        lived = time.monotonic() - worker.started_at
-        worker.crashes_in_a_row = 1 if lived > STABLE_AFTER_S else worker.crashes_in_a_row + 1
+        worker.crashes_in_a_row = 1 if worker.loaded else worker.crashes_in_a_row + 1
         self._on_exit(worker.id, code)
         if self._stopping:
             return
