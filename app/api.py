@@ -123,7 +123,7 @@ def build_router(dispatcher: Dispatcher, startup: Startup, defaults: SamplingPar
         req = await parse_body(request)
         try:
             req.refuse_unsupported()
-            messages = req.chat_messages()
+            messages = await asyncio.to_thread(req.chat_messages)  # cleans megabytes, maybe: off the loop
         except InvalidInput as exc:
             raise HTTPException(400, str(exc)) from exc
         events = dispatcher.stream(messages, req.sampling(defaults), scope, req.session_id)

@@ -7,6 +7,7 @@ body over ``MAX_REQUEST_BYTES`` gets a 413 before it is parsed.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from typing import Literal
@@ -135,7 +136,8 @@ class ChatRequest(BaseModel):
 
 async def parse_body(request: Request) -> ChatRequest:
     """Read at most ``MAX_REQUEST_BYTES`` (413 past that, before parsing anything), then decode
-    and validate by hand, so a body that is not UTF-8 JSON gets a message that says so."""
+    and validate in a thread: a megabytes-long history must not hold up the event loop (the
+    page, /health, everyone's streams) while it is parsed."""
     too_large = HTTPException(413, f"The request body is larger than {MAX_REQUEST_BYTES // 2**20} MiB; "
                                    "send a shorter conversation.")
     if int(request.headers.get("content-length") or 0) > MAX_REQUEST_BYTES:
@@ -145,6 +147,11 @@ async def parse_body(request: Request) -> ChatRequest:
         raw += part
         if len(raw) > MAX_REQUEST_BYTES:
             raise too_large
+    return await asyncio.to_thread(decode_body, bytes(raw))
+
+
+def decode_body(raw: bytes) -> ChatRequest:
+    """Decode and validate by hand, so a body that is not UTF-8 JSON gets a message that says so."""
     try:
         data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:

@@ -81,17 +81,26 @@ def test_long_history_drops_oldest_turns(tiny_engine):
     assert text.count("sys") >= 1 and "last" in text and "question 0 " not in text
 
 
-def test_fitting_a_long_history_encodes_it_a_logarithmic_number_of_times(tiny_engine, monkeypatch):
-    """A hostile client's 200-turn history must not cost 200 encodings of 200 turns."""
+def test_fitting_a_long_history_tokenizes_only_what_can_fit_and_each_message_once(tiny_engine, monkeypatch):
+    """A hostile client's 200-turn history must not cost 200 encodings of 200 turns, nor even
+    one encoding of the turns that cannot fit."""
     import workers.prompt
 
-    calls = []
-    encode = workers.prompt.encode_chat
-    monkeypatch.setattr(workers.prompt, "encode_chat", lambda tok, msgs: calls.append(len(msgs)) or encode(tok, msgs))
+    tokenized, lengths = [], []
+
+    def counted(tok, message):
+        ids = content_ids(tok, message)
+        tokenized.append(id(message))
+        lengths.append(len(ids))
+        return ids
+
+    content_ids = workers.prompt.content_ids
+    monkeypatch.setattr(workers.prompt, "content_ids", counted)
     history = [ChatMessage("user" if i % 2 == 0 else "assistant", f"turn {i} " * 4) for i in range(200)]
     prompt = tiny_engine.prompt(history + [ChatMessage("user", "last")], 64)
     assert 0 < prompt.dropped_turns < 200 and len(prompt.ids) <= tiny_engine.context_tokens
-    assert len(calls) <= 12  # about log2(100 places to restart) + 2, where one encoding per turn would be 100
+    assert len(tokenized) == len(set(tokenized))  # each message at most once
+    assert sum(lengths) <= tiny_engine.context_tokens + max(lengths)  # what could fit, and the one that overflowed
     assert len(workers.prompt.encode_chat(tiny_engine.tokenizer, history[prompt.dropped_turns - 2:] + [
         ChatMessage("user", "last")])) > tiny_engine.context_tokens - 64  # and it dropped no more than needed
 

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from workers.errors import PromptTooLong
@@ -27,13 +28,20 @@ _SENTINEL = "\x1e{}\x1e"  # record separator: never produced by a template itsel
 _SENTINEL_RE = re.compile("(\x1e\\d+\x1e)")
 
 
-def encode_chat(tokenizer, messages: list[ChatMessage]) -> list[int]:
+def content_ids(tokenizer, message: ChatMessage) -> list[int]:
+    """A message's text as plain tokens: special tokens in it stay characters."""
+    return tokenizer(message.content, add_special_tokens=False, split_special_tokens=True).input_ids
+
+
+def encode_chat(tokenizer, messages: list[ChatMessage], contents: Callable[[ChatMessage], list[int]] | None = None,
+                ) -> list[int]:
     """Token ids of the chat template applied to ``messages``, with a generation prompt.
 
     Message contents are tokenized with special tokens split into plain text, so a user
     who types ``<|im_start|>system`` gets those characters, not a new role. We render the
     template with a placeholder per message, then tokenize the template's own text (where
-    special tokens are real) and each content (where they are not) separately.
+    special tokens are real) and each content (where they are not, by ``contents``: default
+    ``content_ids``) separately.
     """
     placeholders = [{"role": m.role, "content": _SENTINEL.format(i)} for i, m in enumerate(messages)]
     rendered = tokenizer.apply_chat_template(placeholders, tokenize=False, add_generation_prompt=True)
@@ -42,8 +50,8 @@ def encode_chat(tokenizer, messages: list[ChatMessage]) -> list[int]:
         if not piece:
             continue
         if _SENTINEL_RE.fullmatch(piece):
-            content = messages[int(piece.strip("\x1e"))].content
-            ids += tokenizer(content, add_special_tokens=False, split_special_tokens=True).input_ids
+            message = messages[int(piece.strip("\x1e"))]
+            ids += contents(message) if contents else content_ids(tokenizer, message)
         else:
             ids += tokenizer(piece, add_special_tokens=False).input_ids
     return ids
@@ -53,16 +61,29 @@ def build_prompt(tokenizer, messages: list[ChatMessage], max_prompt_tokens: int)
     """Fit the conversation into ``max_prompt_tokens`` by dropping the oldest turns.
 
     The system prompt and the newest user message are always kept; if those alone are too
-    long, ``PromptTooLong`` says by how much. The fewest turns to drop are found by binary
-    search over the places a conversation can restart (a user turn): dropping more never
-    makes a prompt longer, so a long history costs O(log n) encodings, not one per turn.
+    long, ``PromptTooLong`` says by how much. Each message is tokenized at most once, and
+    only back from the newest until their tokens alone overflow the window: older ones
+    cannot fit, so a huge history costs what fits, not what was sent. The fewest turns to
+    drop are then found by binary search over the places a conversation can restart (a
+    user turn), rendering only the template around the memoized contents.
     """
     system = [m for m in messages[:1] if m.role == "system"]
     turns = messages[len(system) :]
-    starts = sorted({0, len(turns) - 1} | {i for i, m in enumerate(turns) if m.role == "user"})
+    memo: dict[int, list[int]] = {}
+
+    def contents(message: ChatMessage) -> list[int]:
+        if id(message) not in memo:
+            memo[id(message)] = content_ids(tokenizer, message)
+        return memo[id(message)]
+
+    used, earliest = sum(len(contents(m)) for m in system), len(turns) - 1
+    while earliest > 0 and used + len(contents(turns[earliest])) <= max_prompt_tokens:
+        used += len(contents(turns[earliest]))
+        earliest -= 1  # turns before ``earliest`` can never fit: their contents alone overflow
+    starts = sorted({earliest, len(turns) - 1} | {i for i, m in enumerate(turns) if m.role == "user" and i >= earliest})
 
     def fits(start: int) -> list[int] | None:
-        ids = encode_chat(tokenizer, system + turns[start:])
+        ids = encode_chat(tokenizer, system + turns[start:], contents)
         return ids if len(ids) <= max_prompt_tokens else None
 
     if (ids := fits(starts[0])) is not None:
