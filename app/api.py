@@ -9,6 +9,11 @@ Out-of-range fields are refused with 422 by the request model (the limits are th
 ``app.validation``); a message the model cannot take gets 400; a busy server 503 with
 Retry-After. Both the last streamed chunk and the plain response carry ``usage`` and a
 ``metrics`` object (worker, prompt/completion tokens, TTFT, decode tokens/s).
+
+A reasoning model's ``<think>…</think>`` comes back as ``reasoning_content`` (in the message,
+or in the stream's deltas), apart from ``content``, as Qwen3's OpenAI-compatible servers do;
+``enable_thinking: false`` (or vLLM's ``chat_template_kwargs: {"enable_thinking": false}``)
+asks the chat template for an answer without it.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 from app.auth import Credentials, api_guard
 from app.dispatcher import Dispatcher, Queued
 from app.startup import Startup
+from app.thinking import ThinkingSplit, split_thinking
 from app.validation import (
     MAX_MESSAGE_CHARS,
     MAX_MESSAGES,
@@ -96,6 +102,8 @@ class ChatRequest(BaseModel):
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     stop: str | list[str] | None = None
     session_id: str | None = Field(None, max_length=128, description="reuse this conversation's KV cache")
+    enable_thinking: bool | None = Field(None, description="false: Qwen3 and similar answer without thinking")
+    chat_template_kwargs: dict | None = None  # vLLM's spelling; only enable_thinking is read
     n: int | None = None
     tools: list | None = None
     tool_choice: object = None
@@ -137,8 +145,15 @@ class ChatRequest(BaseModel):
             "max_new_tokens": self.max_completion_tokens or self.max_tokens,
             "seed": self.seed,
             "stop": tuple(self.stop) if self.stop else None,
+            "enable_thinking": self.thinking_switch(),
         }
         return dataclasses.replace(defaults, **{k: v for k, v in given.items() if v is not None})
+
+    def thinking_switch(self) -> bool | None:
+        if self.enable_thinking is not None:
+            return self.enable_thinking
+        value = (self.chat_template_kwargs or {}).get("enable_thinking")
+        return value if isinstance(value, bool) else None
 
     def chat_messages(self) -> list[ChatMessage]:
         if self.messages[-1].role != "user":
@@ -285,6 +300,10 @@ async def complete(completion_id: str, model_name: str, first, events: AsyncIter
             elif isinstance(event, Failed):
                 raise refusal(event)
             elif isinstance(event, Done):
+                thinking, answer = split_thinking("".join(text))
+                message = {"role": "assistant", "content": answer}
+                if thinking.strip():
+                    message["reasoning_content"] = thinking.strip()
                 return JSONResponse({
                     "id": completion_id,
                     "object": "chat.completion",
@@ -292,7 +311,7 @@ async def complete(completion_id: str, model_name: str, first, events: AsyncIter
                     "model": model_name,
                     "choices": [{
                         "index": 0,
-                        "message": {"role": "assistant", "content": "".join(text)},
+                        "message": message,
                         "finish_reason": event.finish_reason.value,
                     }],
                     "usage": usage(event),
@@ -319,18 +338,28 @@ async def sse(completion_id: str, model_name: str, first, events: AsyncIterator)
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
     yield chunk({"role": "assistant", "content": ""})
+    split = ThinkingSplit()
+
+    def parts(thinking: str, answer: str) -> str:
+        delta = ({"reasoning_content": thinking} if thinking else {}) | ({"content": answer} if answer else {})
+        return chunk(delta) if delta else ""
+
     try:
         async for event in _chain(first, events):
             if isinstance(event, Queued):
                 yield f": waiting for a free worker, position {event.position}\n\n"
             elif isinstance(event, Chunk):
-                yield chunk({"content": event.text})
+                if delta := parts(*split.push(event.text)):
+                    yield delta
             elif isinstance(event, Notice):
                 yield chunk({}, notice=event.text)
             elif isinstance(event, Failed):
                 yield f"data: {json.dumps({'error': {'message': event.message, 'type': event.code.value}})}\n\n"
             elif isinstance(event, Done):
+                if delta := parts(*split.flush()):
+                    yield delta
                 yield chunk({}, event.finish_reason.value, usage=usage(event), metrics=reply_metrics(event))
         yield "data: [DONE]\n\n"
     finally:
         await events.aclose()  # a dropped connection lands here: the worker gets a Cancel
+

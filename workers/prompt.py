@@ -27,8 +27,12 @@ _SENTINEL = "\x1e{}\x1e"  # record separator: never produced by a template itsel
 _SENTINEL_RE = re.compile("(\x1e\\d+\x1e)")
 
 
-def encode_chat(tokenizer, messages: list[ChatMessage]) -> list[int]:
+def encode_chat(tokenizer, messages: list[ChatMessage], enable_thinking: bool | None = None) -> list[int]:
     """Token ids of the chat template applied to ``messages``, with a generation prompt.
+
+    ``enable_thinking`` goes to the template as the variable Qwen3's template reads (False:
+    its prompt closes an empty ``<think></think>``, so the model answers at once); None
+    leaves the template's default. Templates without the variable ignore it.
 
     Message contents are tokenized with special tokens split into plain text, so a user
     who types ``<|im_start|>system`` gets those characters, not a new role. We render the
@@ -36,7 +40,8 @@ def encode_chat(tokenizer, messages: list[ChatMessage]) -> list[int]:
     special tokens are real) and each content (where they are not) separately.
     """
     placeholders = [{"role": m.role, "content": _SENTINEL.format(i)} for i, m in enumerate(messages)]
-    rendered = tokenizer.apply_chat_template(placeholders, tokenize=False, add_generation_prompt=True)
+    switch = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+    rendered = tokenizer.apply_chat_template(placeholders, tokenize=False, add_generation_prompt=True, **switch)
     ids: list[int] = []
     for piece in _SENTINEL_RE.split(rendered):
         if not piece:
@@ -49,7 +54,8 @@ def encode_chat(tokenizer, messages: list[ChatMessage]) -> list[int]:
     return ids
 
 
-def build_prompt(tokenizer, messages: list[ChatMessage], max_prompt_tokens: int) -> Prompt:
+def build_prompt(tokenizer, messages: list[ChatMessage], max_prompt_tokens: int,
+                 enable_thinking: bool | None = None) -> Prompt:
     """Fit the conversation into ``max_prompt_tokens`` by dropping the oldest turns.
 
     The system prompt and the newest user message are always kept; if those alone are too
@@ -62,7 +68,7 @@ def build_prompt(tokenizer, messages: list[ChatMessage], max_prompt_tokens: int)
     starts = sorted({0, len(turns) - 1} | {i for i, m in enumerate(turns) if m.role == "user"})
 
     def fits(start: int) -> list[int] | None:
-        ids = encode_chat(tokenizer, system + turns[start:])
+        ids = encode_chat(tokenizer, system + turns[start:], enable_thinking)
         return ids if len(ids) <= max_prompt_tokens else None
 
     if (ids := fits(starts[0])) is not None:
@@ -70,7 +76,7 @@ def build_prompt(tokenizer, messages: list[ChatMessage], max_prompt_tokens: int)
     low, high = 0, len(starts) - 1  # starts[low] does not fit; find the first that does
     last = fits(starts[high])
     if last is None:
-        needed = len(encode_chat(tokenizer, system + turns[starts[high]:]))
+        needed = len(encode_chat(tokenizer, system + turns[starts[high]:], enable_thinking))
         raise PromptTooLong(
             f"The message is too long: it needs {needed} tokens with the system prompt, and "
             f"this model accepts at most {max_prompt_tokens} prompt tokens (its context window "

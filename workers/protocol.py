@@ -37,6 +37,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()  # the reply ends before the first of these strings
+    enable_thinking: bool | None = None  # the chat template's switch (Qwen3); None: the template's default
 
     @property
     def greedy(self) -> bool:
