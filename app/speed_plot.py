@@ -9,10 +9,15 @@ Finished replies give one point each (decode tokens/s, time to first token). A l
 would leave its worker's line empty until it ends, so each panel refresh also samples the
 tokens/s of the replies being generated now, at most once a second per worker however
 many pages are open. Each worker keeps a bounded deque, so memory stays flat.
+
+Every planned worker has a row in each frame, an empty (NaN) one while it has no points:
+Gradio's plot fixes its colour legend from the first data it draws, so a worker missing
+then would never be drawn (an empty first frame drew nothing at all).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -28,6 +33,7 @@ TTFT_COLUMNS = ["time", "worker", "seconds"]
 
 @dataclass
 class SpeedHistory:
+    workers: tuple[int, ...] = ()  # the planned workers' ids: each one always has a row
     window_s: float = 300.0
     max_points: int = 600  # per worker and series: 5 minutes at one sample a second
     sample_every_s: float = 1.0
@@ -60,13 +66,19 @@ class SpeedHistory:
 
     def frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
         """(tokens/s, TTFT) points of the last ``window_s`` seconds, as the plots take them."""
-        since = self.clock() - self.window_s
-        return (_frame(self._tps, since, TPS_COLUMNS), _frame(self._ttft, since, TTFT_COLUMNS))
+        now = self.clock()
+        return tuple(_frame(series, now - self.window_s, now, self.workers, columns)
+                     for series, columns in ((self._tps, TPS_COLUMNS), (self._ttft, TTFT_COLUMNS)))
 
 
-def _frame(series: dict[int, deque], since: float, columns: list[str]) -> pd.DataFrame:
+def _frame(series: dict[int, deque], since: float, now: float, workers: tuple[int, ...],
+           columns: list[str]) -> pd.DataFrame:
+    """Typed columns even when empty: the plot reads its axis types (temporal, quantitative) from them."""
     rows = [(t, f"worker {worker}", value) for worker, points in sorted(series.items())
             for t, value in points if t >= since]
-    frame = pd.DataFrame(rows, columns=columns)
-    frame["time"] = pd.to_datetime(frame["time"], unit="s")
-    return frame
+    shown = {name for _, name, _ in rows}
+    rows += [(now, f"worker {w}", math.nan) for w in workers if f"worker {w}" not in shown]
+    times, workers, values = zip(*rows) if rows else ((), (), ())
+    return pd.DataFrame({columns[0]: pd.to_datetime(pd.Series(times, dtype="float64"), unit="s"),
+                         columns[1]: pd.Series(workers, dtype="object"),
+                         columns[2]: pd.Series(values, dtype="float64")})

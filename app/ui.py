@@ -123,7 +123,7 @@ class Reply:
 
 def build_ui(dispatcher: Dispatcher, startup: Startup, system_prompt: str,
              defaults: SamplingParams, speed: SpeedHistory | None = None) -> gr.Blocks:
-    speed = speed or SpeedHistory()
+    speed = speed or SpeedHistory(workers=tuple(w.id for w in dispatcher.workers))
     dispatcher.observers.append(speed.record)
     i18n = page_i18n()
 
@@ -159,27 +159,30 @@ def build_ui(dispatcher: Dispatcher, startup: Startup, system_prompt: str,
                 yield reply.messages()
 
     with gr.Blocks(title="CPU Chat", analytics_enabled=False) as demo:
-        def banner(request: gr.Request = None) -> str:  # also the API endpoint /banner: what the top of the page says
+        def banner(request: gr.Request = None) -> str:  # also the API endpoint /banner: the top of the page
             return model_banner(request_language(request), startup)
 
-        def refresh(request: gr.Request):
-            """The panel and the speed plots, in this reader's language."""
+        def panel(request: gr.Request = None) -> str:  # also the API endpoint /panel
+            return worker_panel(request_language(request), dispatcher, startup)
+
+        def plots():
+            """The speed plots' points (also the API endpoint /speed); samples the live tok/s."""
             speed.sample(dispatcher.snapshot())
-            return worker_panel(request_language(request), dispatcher, startup), *speed.frames()
+            return speed.frames()
 
         # Functions, not values: computed when each page loads, then every second (the
         # model may still be resolving when the page opens).
         gr.Markdown(banner, every=1.0, elem_id="model-banner")
-        panel_md = gr.Markdown(elem_id="worker-panel")
+        gr.Markdown(panel, every=1.0, elem_id="worker-panel")
         with gr.Accordion(i18n("speed"), open=True, elem_id="speed"):
             with gr.Row():
-                tps_plot = gr.LinePlot(x="time", y="tokens/s", color="worker", label=i18n("tps_plot"),
-                                       x_title=" ", y_title="tokens/s", height=260, elem_id="tps-plot")
-                ttft_plot = gr.LinePlot(x="time", y="seconds", color="worker", label=i18n("ttft_plot"),
-                                        x_title=" ", y_title="s", height=260, elem_id="ttft-plot")
-        outputs = [panel_md, tps_plot, ttft_plot]
-        demo.load(refresh, None, outputs, show_progress="hidden", api_name="panel")
-        gr.Timer(1.0).tick(refresh, None, outputs, show_progress="hidden", api_visibility="private")
+                axes = {"x": "time", "color": "worker", "x_title": " ", "x_axis_format": "%H:%M:%S", "height": 300}
+                tps_plot = gr.LinePlot(y="tokens/s", y_title="tokens/s", label=i18n("tps_plot"), elem_id="tps-plot",
+                                       **axes)
+                ttft_plot = gr.ScatterPlot(y="seconds", y_title="s", label=i18n("ttft_plot"), elem_id="ttft-plot",
+                                           **axes)
+        demo.load(plots, None, [tps_plot, ttft_plot], show_progress="hidden", api_name="speed")
+        gr.Timer(1.0).tick(plots, None, [tps_plot, ttft_plot], show_progress="hidden", api_visibility="private")
         # Unrendered here, so ChatInterface renders them in its accordion. (Created inside an
         # unrendered Accordion they count as rendered, never appear, and the page sends None.)
         inputs = [

@@ -87,7 +87,8 @@ def test_fitting_a_long_history_encodes_it_a_logarithmic_number_of_times(tiny_en
 
     calls = []
     encode = workers.prompt.encode_chat
-    monkeypatch.setattr(workers.prompt, "encode_chat", lambda tok, msgs: calls.append(len(msgs)) or encode(tok, msgs))
+    monkeypatch.setattr(workers.prompt, "encode_chat",
+                        lambda tok, msgs, *rest: calls.append(len(msgs)) or encode(tok, msgs, *rest))
     history = [ChatMessage("user" if i % 2 == 0 else "assistant", f"turn {i} " * 4) for i in range(200)]
     prompt = tiny_engine.prompt(history + [ChatMessage("user", "last")], 64)
     assert 0 < prompt.dropped_turns < 200 and len(prompt.ids) <= tiny_engine.context_tokens

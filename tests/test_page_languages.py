@@ -3,6 +3,7 @@
 Chromium sends ``Accept-Language`` and ``navigator.language`` from its locale, as a reader's
 browser does: labels (Gradio's i18n), the panel, the plots and the stats line follow it.
 The model is ``tests.thinking_model``'s tiny Qwen3, forced to think and then answer.
+The speed plots are checked here too: a reply becomes a point on them.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ def test_the_page_speaks_the_browsers_language(browser, thinking_app, locale, wo
         send(page, ASK)
         reply = answered(page, 1)
         assert words["stats"] in reply
+        for plot in ("#tps-plot", "#ttft-plot"):  # the reply is a point on both live plots (their legend)
+            wait_for(lambda: "worker 0" in page.locator(plot).inner_text(), 5)
         assert page.get_by_text(words["thought"], exact=True).first.is_visible()
         other = "首 token 用时" if locale.startswith("en") else "s to first token"
         assert other not in page.locator("body").inner_text()

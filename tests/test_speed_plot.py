@@ -47,3 +47,23 @@ def test_live_samples_at_most_once_a_second_and_memory_is_bounded():
         clock.now += 1
         history.sample([busy(0, 12.5)])
     assert len(history.frames()[0]) == 5
+
+
+def test_an_empty_plot_still_has_a_time_axis_and_a_number_axis():
+    """Gradio's plot takes its axis types from the columns: an untyped empty frame made the
+    first page load draw every later number as a category."""
+    import gradio as gr
+
+    tps, ttft = SpeedHistory().frames()
+    assert gr.LinePlot(x="time", y="tokens/s", color="worker").postprocess(tps).datatypes == {
+        "time": "temporal", "worker": "nominal", "tokens/s": "quantitative"}
+    assert gr.ScatterPlot(x="time", y="seconds", color="worker").postprocess(ttft).datatypes["seconds"] == "quantitative"
+
+
+def test_every_planned_worker_has_a_row_so_the_legend_holds_it_from_the_start():
+    tps, ttft = SpeedHistory(workers=(0, 1)).frames()
+    assert list(tps["worker"]) == ["worker 0", "worker 1"] and tps["tokens/s"].isna().all()
+    history = SpeedHistory(workers=(0, 1))
+    history.record(done(1, 40.0, 80.0))
+    tps, _ = history.frames()
+    assert sorted(zip(tps["worker"], tps["tokens/s"].fillna(-1))) == [("worker 0", -1), ("worker 1", 40.0)]
