@@ -118,22 +118,24 @@ TABLES = {"en": EN, "zh": ZH}
 MESSAGES_ZH = [
     (r"The message is empty\. Type something to send\.", "消息为空，请输入内容后再发送。"),
     (r"The message is ([\d,]+) characters long; the limit is ([\d,]+)\.", "消息长 {0} 个字符，上限为 {1} 个。"),
-    (r"The message is too long: it needs (\d+) tokens with the system prompt, and this model accepts at most "
-     r"(\d+) prompt tokens.*", "消息太长：连同系统提示词需要 {0} 个 token，而此模型最多接受 {1} 个提示词 token"
-                               "（上下文窗口减去回复所需的空间）。请缩短消息。"),
-    (r"The conversation is longer than the context window: its oldest (\d+) messages were left out of this "
-     r"reply's prompt\.", "对话超出了上下文窗口：最早的 {0} 条消息没有放入本次回复的提示词。"),
+    ((r"The message is too long: it needs (\d+) tokens with the system prompt, and this model accepts at most (\d+) "
+      r"prompt tokens.*"),
+     "消息太长：连同系统提示词需要 {0} 个 token，而此模型最多接受 {1} 个提示词 token（上下文窗口减去回复所需的空间）。请缩短消息。"),
+    ((r"The conversation is longer than the context window: its oldest (\d+) messages were left out of this "
+      r"reply's prompt\."),
+     "对话超出了上下文窗口：最早的 {0} 条消息没有放入本次回复的提示词。"),
     (r"The server is busy: (\d+) requests are already waiting\. Please try again in a minute\.",
      "服务器繁忙：已有 {0} 个请求在排队。请一分钟后再试。"),
-    (r"The worker generating this reply stopped unexpectedly \(exit code (.*?)\)\. It is being restarted; "
-     r"please send your message again\.", "生成此回复的 worker 意外退出（退出码 {0}），正在重启；请重新发送消息。"),
+    ((r"The worker generating this reply stopped unexpectedly \(exit code (.*?)\)\. It is being restarted; "
+      r"please send your message again\."),
+     "生成此回复的 worker 意外退出（退出码 {0}），正在重启；请重新发送消息。"),
     (r"The server is shutting down\.", "服务器正在关闭。"),
     (r"The server could not start its workers: (.*)", "服务器无法启动 worker：{0}"),
     (r"Every worker keeps stopping while it loads the model.*",
      "每个 worker 在加载模型时都会退出，因此无法回复；原因见服务器日志。服务器会继续重试。"),
     (r"Generation failed on worker (\d+): (.*)", "worker {0} 生成失败：{1}"),
 ]
-_MESSAGES_ZH = [(re.compile(pattern, re.S), template) for pattern, template in MESSAGES_ZH]
+_MESSAGES_ZH = [(re.compile(pattern, re.DOTALL), template) for pattern, template in MESSAGES_ZH]
 
 
 def language(accept_language: str | None) -> str:

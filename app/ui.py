@@ -29,18 +29,34 @@ import gradio as gr
 from app import validation as limits
 from app.dispatcher import Dispatcher, Queued
 from app.i18n import localize, page_i18n, request_language, text
-from app.panel import ERROR_PREFIX, NOTICE_PREFIX, STATS_PREFIX, WAITING_PREFIX, model_banner, stats_footer
-from app.panel import waiting_text, worker_panel
+from app.panel import (
+    ERROR_PREFIX,
+    NOTICE_PREFIX,
+    STATS_PREFIX,
+    WAITING_PREFIX,
+    model_banner,
+    stats_footer,
+    waiting_text,
+    worker_panel,
+)
 from app.speed_plot import SpeedHistory
 from app.startup import Startup
 from app.thinking import ThinkingSplit
 from app.validation import InvalidInput, check_message, clamp_params, clean_text
-from workers.protocol import ChatMessage, Chunk, Done, ErrorCode, Failed, Notice, SamplingParams
+from workers.protocol import (
+    ChatMessage,
+    Chunk,
+    Done,
+    ErrorCode,
+    Failed,
+    Notice,
+    SamplingParams,
+)
 
 __all__ = ["ERROR_PREFIX", "NOTICE_PREFIX", "STATS_PREFIX", "WAITING_PREFIX", "build_ui", "history_to_messages",
            "model_words", "page_i18n"]
 
-_NOTICE_RE = re.compile(re.escape(NOTICE_PREFIX) + r".*?</sub>\n\n", re.S)
+_NOTICE_RE = re.compile(re.escape(NOTICE_PREFIX) + r".*?</sub>\n\n", re.DOTALL)
 
 EXAMPLES = [
     "What is the capital of France?",

@@ -57,3 +57,15 @@ def test_messages_made_elsewhere_are_shown_in_chinese(bundled_tokenizer):
 def test_numbers_fill_the_blanks():
     assert text("zh", "wait_busy", position=3) == "所有 worker 都在忙 — 您排在第 3 位。"
     assert text("en", "ttft", s=0.1234) == "0.12 s to first token"
+
+
+def test_the_place_in_line_in_each_language():
+    from types import SimpleNamespace
+
+    from app.panel import WAITING_PREFIX, waiting_text
+
+    busy = SimpleNamespace(workers=[0, 1], ready_count=2)
+    loading = SimpleNamespace(workers=[0, 1], ready_count=0)
+    assert waiting_text("zh", busy, 2) == WAITING_PREFIX + "所有 worker 都在忙 — 您排在第 2 位。"
+    assert waiting_text("en", busy, 2) == WAITING_PREFIX + "All workers are busy — you are number 2 in line."
+    assert waiting_text("zh", loading, 1).startswith(WAITING_PREFIX + "模型仍在加载（0/2 个 worker 已就绪）— 您排在第 1 位")

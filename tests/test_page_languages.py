@@ -12,7 +12,15 @@ import pytest
 from transformers import AutoTokenizer
 
 from app.config import load_config
-from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, chat_box, counter, last_reply, send, wait_for
+from tests.test_browser import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    chat_box,
+    counter,
+    last_reply,
+    send,
+    wait_for,
+)
 from tests.thinking_model import ANSWER, THINKING
 from workers.prompt import encode_chat
 from workers.protocol import ChatMessage
@@ -68,7 +76,7 @@ def test_the_page_speaks_the_browsers_language(browser, thinking_app, locale, wo
         reply = answered(page, 1)
         assert words["stats"] in reply
         for plot in ("#tps-plot", "#ttft-plot"):  # the reply is a point on both live plots (their legend)
-            wait_for(lambda: "worker 0" in page.locator(plot).inner_text(), 5)
+            wait_for(lambda plot=plot: "worker 0" in page.locator(plot).inner_text(), 5)
         assert page.get_by_text(words["thought"], exact=True).first.is_visible()
         other = "首 token 用时" if locale.startswith("en") else "s to first token"
         assert other not in page.locator("body").inner_text()

@@ -57,11 +57,12 @@ def test_an_empty_plot_still_has_a_time_axis_and_a_number_axis():
     tps, ttft = SpeedHistory().frames()
     assert gr.LinePlot(x="time", y="tokens/s", color="worker").postprocess(tps).datatypes == {
         "time": "temporal", "worker": "nominal", "tokens/s": "quantitative"}
-    assert gr.ScatterPlot(x="time", y="seconds", color="worker").postprocess(ttft).datatypes["seconds"] == "quantitative"
+    ttft_types = gr.ScatterPlot(x="time", y="seconds", color="worker").postprocess(ttft).datatypes
+    assert ttft_types["seconds"] == "quantitative"
 
 
 def test_every_planned_worker_has_a_row_so_the_legend_holds_it_from_the_start():
-    tps, ttft = SpeedHistory(workers=(0, 1)).frames()
+    tps, _ = SpeedHistory(workers=(0, 1)).frames()
     assert list(tps["worker"]) == ["worker 0", "worker 1"] and tps["tokens/s"].isna().all()
     history = SpeedHistory(workers=(0, 1))
     history.record(done(1, 40.0, 80.0))

@@ -16,6 +16,7 @@ of the script to the next one. Greedy or sampled at the page's temperatures, it 
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 THINKING = "Hmm, the capital of France"
@@ -53,7 +54,7 @@ def build_thinking_qwen3(path: Path, tokenizer) -> Path:
     thinking = tok(THINKING, add_special_tokens=False).input_ids
     answer = tok(ANSWER, add_special_tokens=False).input_ids
     script = [after_on, think, *thinking, end, *answer, end_of_turn]
-    successor = dict(zip(script, script[1:]))
+    successor = dict(itertools.pairwise(script))
     successor[after_off] = answer[0]
     assert len(set(script)) == len(script) and after_off not in script, "the script's tokens must be unique"
 
