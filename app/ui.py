@@ -192,7 +192,7 @@ def build_ui(dispatcher: Dispatcher, startup: Startup, system_prompt: str,
         gr.Markdown(panel, every=1.0, elem_id="worker-panel")
         with gr.Accordion(i18n("speed"), open=True, elem_id="speed"):
             with gr.Row():
-                axes = {"x": "time", "color": "worker", "x_title": " ", "x_axis_format": "%H:%M:%S", "height": 300}
+                axes = {"x": "time", "color": "worker", "x_title": " ", "x_axis_format": "%H:%M:%S"}
                 tps_plot = gr.LinePlot(y="tokens/s", y_title="tokens/s", label=i18n("tps_plot"), elem_id="tps-plot",
                                        **axes)
                 ttft_plot = gr.ScatterPlot(y="seconds", y_title="s", label=i18n("ttft_plot"), elem_id="ttft-plot",
