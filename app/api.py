@@ -8,8 +8,14 @@
 
 What a client may send is ``app.api_schema``'s; a message the model cannot take gets 400;
 a busy server 503 with Retry-After. A request's scope (``app.auth.caller_scope``) decides
-whose kept conversations it may reuse. Both the last streamed chunk and the plain response carry ``usage`` and a
-``metrics`` object (worker, prompt/completion tokens, TTFT, decode tokens/s).
+whose kept conversations it may reuse. Both the last streamed chunk and the plain response
+carry ``usage`` and a ``metrics`` object (worker, prompt/completion tokens, TTFT, decode
+tokens/s), and ``logprobs`` when asked for.
+
+A reasoning model's ``<think>…</think>`` comes back as ``reasoning_content`` (in the message,
+or in the stream's deltas), apart from ``content``, as Qwen3's OpenAI-compatible servers do;
+``enable_thinking: false`` (or vLLM's ``chat_template_kwargs: {"enable_thinking": false}``)
+asks the chat template for an answer without it.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from app.api_schema import parse_body
 from app.auth import Credentials, authenticate, caller_scope
 from app.dispatcher import Dispatcher, Queued
 from app.startup import Startup
+from app.thinking import ThinkingSplit, split_thinking
 from app.validation import InvalidInput
 from workers.protocol import Chunk, Done, ErrorCode, Failed, Notice, SamplingParams, TokenLogprob
 
@@ -188,6 +195,10 @@ async def complete(completion_id: str, model_name: str, first, events: AsyncIter
             elif isinstance(event, Failed):
                 raise refusal(event)
             elif isinstance(event, Done):
+                thinking, answer = split_thinking("".join(text))
+                message = {"role": "assistant", "content": answer}
+                if thinking.strip():
+                    message["reasoning_content"] = thinking.strip()
                 return JSONResponse({
                     "id": completion_id,
                     "object": "chat.completion",
@@ -195,7 +206,7 @@ async def complete(completion_id: str, model_name: str, first, events: AsyncIter
                     "model": model_name,
                     "choices": [{
                         "index": 0,
-                        "message": {"role": "assistant", "content": "".join(text)},
+                        "message": message,
                         "logprobs": {"content": tokens, "refusal": None} if logprobs else None,
                         "finish_reason": event.finish_reason.value,
                     }],
@@ -227,18 +238,30 @@ async def sse(completion_id: str, model_name: str, first, events: AsyncIterator,
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
     yield chunk({"role": "assistant", "content": ""})
+    split = ThinkingSplit()
+
+    def parts(thinking: str, answer: str, tokens: tuple[TokenLogprob, ...] = ()) -> str:
+        """A chunk for what can be shown now; tokens whose text is still held back (it may
+        open a thinking tag) keep their log-probabilities in it all the same."""
+        delta = ({"reasoning_content": thinking} if thinking else {}) | ({"content": answer} if answer else {})
+        return chunk(delta, tokens=tokens) if delta or (logprobs and tokens) else ""
+
     try:
         async for event in _chain(first, events):
             if isinstance(event, Queued):
                 yield f": waiting for a free worker, position {event.position}\n\n"
             elif isinstance(event, Chunk):
-                yield chunk({"content": event.text}, tokens=event.logprobs)
+                if delta := parts(*split.push(event.text), event.logprobs):
+                    yield delta
             elif isinstance(event, Notice):
                 yield chunk({}, notice=event.text)
             elif isinstance(event, Failed):
                 yield f"data: {json.dumps({'error': {'message': event.message, 'type': event.code.value}})}\n\n"
             elif isinstance(event, Done):
+                if delta := parts(*split.flush()):
+                    yield delta
                 yield chunk({}, event.finish_reason.value, usage=usage(event), metrics=reply_metrics(event))
         yield "data: [DONE]\n\n"
     finally:
         await events.aclose()  # a dropped connection lands here: the worker gets a Cancel
+

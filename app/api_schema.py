@@ -79,7 +79,9 @@ class ChatRequest(BaseModel):
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS)
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     stop: str | list[str] | None = None
-    session_id: str | None = Field(None, max_length=128, description="reuse this conversation's KV cache")
+    session_id: str | None = Field(None, max_length=128, description="a hint: which of your conversations this is")
+    enable_thinking: bool | None = Field(None, description="false: Qwen3 and similar answer without thinking")
+    chat_template_kwargs: dict | None = None  # vLLM's spelling; only enable_thinking is read
     n: int | None = None
     tools: list | None = None
     tool_choice: object = None
@@ -122,8 +124,15 @@ class ChatRequest(BaseModel):
             "seed": self.seed,
             "stop": tuple(self.stop) if self.stop else None,
             "logprobs": (self.top_logprobs or 0) if self.logprobs else None,
+            "enable_thinking": self.thinking_switch(),
         }
         return dataclasses.replace(defaults, **{k: v for k, v in given.items() if v is not None})
+
+    def thinking_switch(self) -> bool | None:
+        if self.enable_thinking is not None:
+            return self.enable_thinking
+        value = (self.chat_template_kwargs or {}).get("enable_thinking")
+        return value if isinstance(value, bool) else None
 
     def chat_messages(self) -> list[ChatMessage]:
         if self.messages[-1].role != "user":

@@ -33,7 +33,7 @@ from app.dispatcher import Dispatcher, DispatcherConfig, ModelSource
 from app.metrics import AppMetrics, build_metrics_router
 from app.pool import call_soon
 from app.startup import Startup
-from app.ui import build_ui
+from app.ui import build_ui, page_i18n
 from workers.calibrate import Shapes, calibrate
 from workers.choice import Allowed, KernelChoice, choose
 from workers.cores import LayoutError, WorkerLayout, auto_workers, physical_cores, plan_layout
@@ -177,7 +177,7 @@ def build_app(config: AppConfig, dispatcher: Dispatcher, auth: Credentials | Non
     app.include_router(build_router(dispatcher, startup, config.sampling, auth))
     app.include_router(build_metrics_router(AppMetrics.create(dispatcher)))
     demo = build_ui(dispatcher, startup, config.system_prompt, config.sampling)
-    return gr.mount_gradio_app(app, demo, path="/", auth=auth or None)
+    return gr.mount_gradio_app(app, demo, path="/", auth=auth or None, i18n=page_i18n())
 
 
 def open_share_link(host: str, port: int) -> str | None:

@@ -5,31 +5,65 @@ early — Stop, a closed tab — closes the dispatcher stream, which cancels the
 its worker. Each finished reply ends with a one-line stats footer, which is stripped
 again before the history is sent back to the model.
 
-Above the chat, the banner (which model, and why) and the worker panel refresh every second:
-while the model is being prepared they say which step is running, with a stage-level
-progress bar (see ``app.startup``), or the error that stopped it.
+A reasoning model's ``<think>…</think>`` is split out of the stream (``app.thinking``) and
+shown as a separate message with Gradio's ``metadata`` title: a collapsible "Thinking"
+block above the answer, open with a spinner while the model thinks, closed once it is
+done. That message is never sent back into a prompt. The "Thinking" checkbox sends
+``enable_thinking=False`` to the chat template, which then asks for the answer at once.
+
+Above the chat, the banner (which model, and why), the worker panel and the speed plots
+refresh every second: while the model is being prepared they say which step is running,
+with a stage-level progress bar (see ``app.startup``), or the error that stopped it.
+Everything the server writes is in the reader's language (``app.i18n``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import time
 from collections.abc import AsyncIterator
 
 import gradio as gr
 
 from app import validation as limits
 from app.dispatcher import Dispatcher, Queued
-from app.dispatch_policy import WorkerState
-from app.startup import Startup, progress_bar
+from app.i18n import localize, page_i18n, request_language, text
+from app.panel import (
+    ERROR_PREFIX,
+    NOTICE_PREFIX,
+    STATS_PREFIX,
+    WAITING_PREFIX,
+    model_banner,
+    stats_footer,
+    waiting_text,
+    worker_panel,
+)
+from app.speed_plot import SpeedHistory
+from app.startup import Startup
+from app.thinking import ThinkingSplit
 from app.validation import InvalidInput, check_message, clamp_params, clean_text
-from workers.protocol import ChatMessage, Chunk, Done, ErrorCode, Failed, FinishReason, Notice, SamplingParams
+from workers.protocol import (
+    ChatMessage,
+    Chunk,
+    Done,
+    ErrorCode,
+    Failed,
+    Notice,
+    SamplingParams,
+)
 
-# What the page adds to a reply; none of it is the model's, so none of it goes back into a prompt.
-STATS_PREFIX = "\n\n<sub>⚡ "  # the stats footer
-NOTICE_PREFIX = "<sub>ℹ️ "  # a notice before the reply (e.g. old turns left out)
-ERROR_PREFIX = "\n\n⚠️ "  # the reason a reply ended early
-WAITING_PREFIX = "◐ "  # the place in line, shown until the reply starts
-_NOTICE_RE = re.compile(re.escape(NOTICE_PREFIX) + r".*?</sub>\n\n", re.S)
+__all__ = ["ERROR_PREFIX", "NOTICE_PREFIX", "STATS_PREFIX", "WAITING_PREFIX", "build_ui", "history_to_messages",
+           "model_words", "page_i18n"]
+
+_NOTICE_RE = re.compile(re.escape(NOTICE_PREFIX) + r".*?</sub>\n\n", re.DOTALL)
+
+EXAMPLES = [
+    "What is the capital of France?",
+    "Write a haiku about a CPU that thinks it is a GPU.",
+    "用中文介绍一下你自己。",
+    "Explain what a KV cache is in two sentences.",
+]
 
 
 def model_words(content: str) -> str:
@@ -40,19 +74,15 @@ def model_words(content: str) -> str:
     for suffix in (STATS_PREFIX, ERROR_PREFIX):
         content = content.split(suffix, 1)[0]
     return content
-EXAMPLES = [
-    "What is the capital of France?",
-    "Write a haiku about a CPU that thinks it is a GPU.",
-    "用中文介绍一下你自己。",
-    "Explain what a KV cache is in two sentences.",
-]
 
 
 def history_to_messages(system_prompt: str, history: list[dict], message: str) -> list[ChatMessage]:
     """Gradio's messages-format history → protocol messages: what the user typed and what the
-    model said, without the page's notices, errors, queue positions and stats."""
+    model answered, without its thinking and the page's notices, errors, queue positions and stats."""
     messages = [ChatMessage("system", clean_text(system_prompt))] if system_prompt.strip() else []
     for turn in history:
+        if (turn.get("metadata") or {}).get("title"):
+            continue  # a thinking block: the model's reasoning never goes back into a prompt
         content = turn.get("content")
         if isinstance(content, list):  # Gradio 6 may store text as [{"type": "text", "text": ...}]
             content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
@@ -64,135 +94,132 @@ def history_to_messages(system_prompt: str, history: list[dict], message: str) -
     return messages
 
 
-def stats_footer(done: Done, cores: list[int] | None) -> str:
-    m = done.metrics
-    where = f"worker {m.worker}" + (f" (cores {', '.join(map(str, cores))})" if cores else "")
-    parts = [f"{m.ttft_ms / 1000:.2f} s to first token", f"{m.decode_tokens_per_s:.1f} tokens/s",
-             f"{m.completion_tokens} tokens"]
-    if m.cached_prompt_tokens:
-        parts.append(f"{m.cached_prompt_tokens}/{m.prompt_tokens} prompt tokens cached")
-    parts.append(where)
-    if done.finish_reason is FinishReason.LENGTH:
-        parts.append("stopped at the token limit")
-    return STATS_PREFIX + " · ".join(parts) + "</sub>"
+@dataclasses.dataclass
+class Reply:
+    """One reply as the page shows it: thinking block, notices, answer, footer."""
 
+    lang: str
+    split: ThinkingSplit = dataclasses.field(default_factory=ThinkingSplit)
+    thinking: str = ""
+    notes: str = ""
+    answer: str = ""
+    end: str = ""  # the stats footer or the error
+    started: float = dataclasses.field(default_factory=time.monotonic)
+    thought_s: float | None = None  # how long it thought, once it is done thinking
 
-def readiness(dispatcher: Dispatcher, startup: Startup) -> str:
-    """The panel's first line: says what is still loading instead of leaving the page silent."""
-    workers = dispatcher.snapshot()
-    ready, total = dispatcher.ready_count, len(workers)
-    state = startup.snapshot()
-    if state.error:
-        return f"✖ **0/{total} workers ready** — start-up failed: {state.error}"
-    if not state.done:
-        bar = f" `{progress_bar(state.fraction)}`" if state.fraction is not None else ""
-        return f"◐ **0/{total} workers ready** — preparing the model: {state.stage} …{bar}"
-    if ready == total:
-        return f"✔ **{ready}/{total} workers ready**"
-    loading = sum(w.state is WorkerState.STARTING for w in workers)
-    dead = sum(w.state is WorkerState.DEAD for w in workers)
-    what = ([f"{loading} loading the model and warming up"] if loading else []) + (
-        [f"{dead} restarting after a crash"] if dead else [])
-    return f"◐ **{ready}/{total} workers ready** — {', '.join(what)}"
+    def add(self, chunk: str) -> None:
+        thinking, answer = self.split.push(chunk)
+        self._take(thinking, answer)
 
+    def close(self, end: str) -> None:
+        self._take(*self.split.flush())
+        self.end = end
+        if self.thinking and self.thought_s is None:
+            self.thought_s = time.monotonic() - self.started
 
-def worker_panel(dispatcher: Dispatcher, startup: Startup) -> str:
-    lines = [f"{readiness(dispatcher, startup)} · {dispatcher.queue_depth} waiting", ""]
-    if startup.kernels:
-        private = max((w.private_weight_mb or 0 for w in dispatcher.snapshot()), default=0)
-        lines += [f"Kernels: {startup.kernels.summary()}" + (f" · {private} MB of packed weights per worker"
-                                                             if private else ""), ""]
-    lines += [
-             "| worker | pid | cores | threads | state | replies now | tok/s now | last tok/s | served | restarts |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for w in dispatcher.snapshot():
-        now, last = w.current_tokens_per_s, w.tokens_per_s  # last is 0 after a Stop: no decode rate
-        lines.append(f"| {w.id} | {w.pid or '–'} | {','.join(map(str, w.cores))} | {w.threads} | "
-                     f"{w.state.value} | {w.active}/{w.slots} | {now if now is not None else '–'} | "
-                     f"{last or '–'} | {w.served} | {w.restarts} |")
-    return "\n".join(lines)
+    def _take(self, thinking: str, answer: str) -> None:
+        self.thinking += thinking
+        self.answer += answer
+        if self.answer and self.thinking and self.thought_s is None:
+            self.thought_s = time.monotonic() - self.started
 
-
-def waiting_text(dispatcher: Dispatcher, position: int) -> str:
-    """Shown in place of the reply while the request waits for a worker."""
-    total = len(dispatcher.workers)
-    if dispatcher.ready_count == 0:
-        return (f"{WAITING_PREFIX}The model is still loading (0/{total} workers ready) — you are number {position} "
-                "in line. Your reply starts as soon as a worker is ready.")
-    return f"{WAITING_PREFIX}All workers are busy — you are number {position} in line."
-
-
-def model_banner(startup: Startup) -> str:
-    model, state = startup.model, startup.snapshot()
-    if model is None:
-        if state.error:
-            return f"### ⚠️ The model could not be prepared\n{state.error}"
-        return f"### Preparing the model …\n{state.stage[:1].upper()}{state.stage[1:]}."
-    if model.is_fallback:
-        return f"### ⚠️ Serving **{model.name}**\n{model.reason}."
-    return f"### Serving **{model.name}**\n{model.reason}."
+    def messages(self) -> str | list[dict]:
+        """A plain string without thinking (as before); else the thinking block, then the answer."""
+        body = self.notes + self.answer + self.end
+        if not self.thinking.strip():
+            return body
+        done = self.thought_s is not None
+        meta = {"title": text(self.lang, "thought" if done else "thinking_now"),
+                "status": "done" if done else "pending"}
+        if done:
+            meta["duration"] = round(self.thought_s, 1)
+        shown = [{"role": "assistant", "content": self.thinking.strip(), "metadata": meta}]
+        return shown + ([{"role": "assistant", "content": body}] if body else [])
 
 
 def build_ui(dispatcher: Dispatcher, startup: Startup, system_prompt: str,
-             defaults: SamplingParams) -> gr.Blocks:
+             defaults: SamplingParams, speed: SpeedHistory | None = None) -> gr.Blocks:
+    speed = speed or SpeedHistory(workers=tuple(w.id for w in dispatcher.workers))
+    dispatcher.observers.append(speed.record)
+    i18n = page_i18n()
+
     async def respond(message: str, history: list[dict], system: str, temperature: float, top_p: float,
-                      top_k: int, repetition_penalty: float, max_new_tokens: int,
-                      request: gr.Request) -> AsyncIterator[str]:
+                      top_k: int, repetition_penalty: float, max_new_tokens: int, thinking: bool,
+                      request: gr.Request) -> AsyncIterator[str | list[dict]]:
+        lang = request_language(request)
         try:
-            text = check_message(message)
+            user_text = check_message(message)
         except InvalidInput as exc:
-            raise gr.Error(str(exc)) from exc
-        params = clamp_params(SamplingParams(int(max_new_tokens), temperature, top_p, int(top_k),
-                                             repetition_penalty))
+            raise gr.Error(localize(lang, str(exc))) from exc
+        params = dataclasses.replace(clamp_params(SamplingParams(int(max_new_tokens), temperature, top_p, int(top_k),
+                                                                 repetition_penalty)),
+                                     enable_thinking=None if thinking else False)
         session = request.session_hash if request else None
         scope = f"user:{request.username}" if request and request.username else f"browser:{session}"
-        reply, notes = "", ""
-        async for event in dispatcher.stream(history_to_messages(system, history, text), params, scope, session):
+        reply = Reply(lang)
+        async for event in dispatcher.stream(history_to_messages(system, history, user_text), params, scope, session):
             if isinstance(event, Queued):
-                yield waiting_text(dispatcher, event.position)
+                yield waiting_text(lang, dispatcher, event.position)
             elif isinstance(event, Notice):
-                notes += f"{NOTICE_PREFIX}{event.text}</sub>\n\n"
+                reply.notes += f"{NOTICE_PREFIX}{localize(lang, event.text)}</sub>\n\n"
             elif isinstance(event, Chunk):
-                reply += event.text
-                yield notes + reply
+                reply.add(event.text)
+                yield reply.messages()
             elif isinstance(event, Failed) and event.code is ErrorCode.BUSY:
-                raise gr.Error(event.message)  # nothing was said yet: a notice, not a reply
+                raise gr.Error(localize(lang, event.message))  # nothing was said yet: a notice, not a reply
             elif isinstance(event, Failed):
-                yield notes + reply + f"{ERROR_PREFIX}{event.message}"
+                reply.close(f"{ERROR_PREFIX}{localize(lang, event.message)}")
+                yield reply.messages()
             elif isinstance(event, Done):
                 cores = next((w.cores for w in dispatcher.snapshot() if w.id == event.metrics.worker), None)
-                yield notes + reply + stats_footer(event, cores)
+                reply.close(stats_footer(lang, event, cores))
+                yield reply.messages()
 
     with gr.Blocks(title="CPU Chat", analytics_enabled=False) as demo:
+        def banner(request: gr.Request = None) -> str:  # also the API endpoint /banner: the top of the page
+            return model_banner(request_language(request), startup)
+
+        def panel(request: gr.Request = None) -> str:  # also the API endpoint /panel
+            return worker_panel(request_language(request), dispatcher, startup)
+
+        def plots():
+            """The speed plots' points (also the API endpoint /speed); samples the live tok/s."""
+            speed.sample(dispatcher.snapshot())
+            return speed.frames()
+
         # Functions, not values: computed when each page loads, then every second (the
         # model may still be resolving when the page opens).
-        def banner() -> str:  # also the API endpoint /banner: what the top of the page says
-            return model_banner(startup)
-
-        def panel() -> str:
-            return worker_panel(dispatcher, startup)
-
         gr.Markdown(banner, every=1.0, elem_id="model-banner")
         gr.Markdown(panel, every=1.0, elem_id="worker-panel")
+        with gr.Accordion(i18n("speed"), open=True, elem_id="speed"):
+            with gr.Row():
+                axes = {"x": "time", "color": "worker", "x_title": " ", "x_axis_format": "%H:%M:%S"}
+                tps_plot = gr.LinePlot(y="tokens/s", y_title="tokens/s", label=i18n("tps_plot"), elem_id="tps-plot",
+                                       **axes)
+                ttft_plot = gr.ScatterPlot(y="seconds", y_title="s", label=i18n("ttft_plot"), elem_id="ttft-plot",
+                                           **axes)
+        demo.load(plots, None, [tps_plot, ttft_plot], show_progress="hidden", api_name="speed")
+        gr.Timer(1.0).tick(plots, None, [tps_plot, ttft_plot], show_progress="hidden", api_visibility="private")
         # Unrendered here, so ChatInterface renders them in its accordion. (Created inside an
         # unrendered Accordion they count as rendered, never appear, and the page sends None.)
         inputs = [
-            gr.Textbox(system_prompt, label="System prompt", lines=2, render=False,
-                       placeholder="Empty: the model's own default system prompt"),
-            gr.Slider(*limits.TEMPERATURE_RANGE, value=defaults.temperature, step=0.05,
-                      label="Temperature (0 = greedy)",
+            gr.Textbox(system_prompt, label=i18n("system_prompt"), lines=2, render=False,
+                       placeholder=i18n("system_placeholder")),
+            gr.Slider(*limits.TEMPERATURE_RANGE, value=defaults.temperature, step=0.05, label=i18n("temperature"),
                       render=False),
-            gr.Slider(*limits.TOP_P_RANGE, value=defaults.top_p, step=0.01, label="Top-p", render=False),
-            gr.Slider(*limits.TOP_K_RANGE, value=defaults.top_k, step=1, label="Top-k (0 = off)", render=False),
+            gr.Slider(*limits.TOP_P_RANGE, value=defaults.top_p, step=0.01, label=i18n("top_p"), render=False),
+            gr.Slider(*limits.TOP_K_RANGE, value=defaults.top_k, step=1, label=i18n("top_k"), render=False),
             gr.Slider(*limits.REPETITION_PENALTY_RANGE, value=defaults.repetition_penalty, step=0.01,
-                      label="Repetition penalty", render=False),
-            gr.Slider(16, limits.MAX_NEW_TOKENS, value=defaults.max_new_tokens, step=16, label="Max new tokens",
-                      render=False),
+                      label=i18n("repetition_penalty"), render=False),
+            gr.Slider(16, limits.MAX_NEW_TOKENS, value=defaults.max_new_tokens, step=16,
+                      label=i18n("max_new_tokens"), render=False),
+            gr.Checkbox(defaults.enable_thinking is not False, label=i18n("thinking"), info=i18n("thinking_info"),
+                        render=False, elem_id="thinking"),
         ]
         gr.ChatInterface(
             fn=respond,
             additional_inputs=inputs,
-            additional_inputs_accordion=gr.Accordion("System prompt and sampling", open=False, render=False),
+            additional_inputs_accordion=gr.Accordion(i18n("settings"), open=False, render=False),
             examples=[[e] for e in EXAMPLES],
             cache_examples=False,
             concurrency_limit=None,  # the dispatcher queues; Gradio's default of 1 would serialise users

@@ -79,3 +79,21 @@ def tiny_qwen(tmp_path_factory, bundled_tokenizer) -> Path:
     Qwen2ForCausalLM(config).save_pretrained(path)
     bundled_tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def thinking_qwen3(tmp_path_factory, bundled_tokenizer) -> Path:
+    """A tiny random Qwen3 that always thinks, then answers (see ``tests.thinking_model``)."""
+    from tests.thinking_model import build_thinking_qwen3
+
+    return build_thinking_qwen3(tmp_path_factory.mktemp("thinking-qwen3"), bundled_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def thinking_app(tmp_path_factory, thinking_qwen3):
+    """The app serving it on transformers (one one-thread worker), shared by the modules that use it."""
+    from tests.e2e import running_app
+
+    with running_app(tmp_path_factory.mktemp("thinking-app"), "--model", str(thinking_qwen3), "--engine", "hf",
+                     "--workers", "1", "--threads-per-worker", "1") as running:
+        yield running

@@ -26,3 +26,16 @@ def test_notices_errors_queue_positions_and_stats_never_reach_the_prompt():
         ChatMessage("user", "Are you there?"), ChatMessage("user", "Hello?"),
         ChatMessage("user", "Still there?"),
     ]
+
+
+def test_thinking_blocks_never_reach_the_prompt():
+    history = [
+        {"role": "user", "content": "Capital of France?"},
+        {"role": "assistant", "content": "Hmm, France", "metadata": {"title": "Thinking", "status": "done"}},
+        {"role": "assistant", "content": f"Paris!{STATS_PREFIX}0.10 s to first token · worker 0</sub>",
+         "metadata": None},
+    ]
+    assert history_to_messages("", history, "And Italy?") == [
+        ChatMessage("user", "Capital of France?"), ChatMessage("assistant", "Paris!"),
+        ChatMessage("user", "And Italy?"),
+    ]

@@ -91,11 +91,11 @@ class Engine:
 
     # prompt --------------------------------------------------------------------------
 
-    def prompt(self, messages: list[ChatMessage], max_new_tokens: int) -> Prompt:
+    def prompt(self, messages: list[ChatMessage], max_new_tokens: int, enable_thinking: bool | None = None) -> Prompt:
         """The prompt, fitted to leave room for the reply: ``max_new_tokens``, but at most a
         quarter of the window (so a long history still fits) and at least one token."""
         room = min(max_new_tokens, self.context_tokens // 4)
-        return build_prompt(self.tokenizer, messages, self.context_tokens - max(room, 1))
+        return build_prompt(self.tokenizer, messages, self.context_tokens - max(room, 1), enable_thinking)
 
     # memory ---------------------------------------------------------------------------
 

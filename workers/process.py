@@ -184,7 +184,7 @@ class Batch:
 
         rid = req.request_id
         try:
-            prompt = self.engine.prompt(list(req.messages), req.params.max_new_tokens)
+            prompt = self.engine.prompt(list(req.messages), req.params.max_new_tokens, req.params.enable_thinking)
         except PromptTooLong as exc:
             self.conn.send(Failed(rid, str(exc), ErrorCode.INVALID_REQUEST))
             return

@@ -33,9 +33,13 @@ def content_ids(tokenizer, message: ChatMessage) -> list[int]:
     return tokenizer(message.content, add_special_tokens=False, split_special_tokens=True).input_ids
 
 
-def encode_chat(tokenizer, messages: list[ChatMessage], contents: Callable[[ChatMessage], list[int]] | None = None,
-                ) -> list[int]:
+def encode_chat(tokenizer, messages: list[ChatMessage], enable_thinking: bool | None = None,
+                contents: Callable[[ChatMessage], list[int]] | None = None) -> list[int]:
     """Token ids of the chat template applied to ``messages``, with a generation prompt.
+
+    ``enable_thinking`` goes to the template as the variable Qwen3's template reads (False:
+    its prompt closes an empty ``<think></think>``, so the model answers at once); None
+    leaves the template's default. Templates without the variable ignore it.
 
     Message contents are tokenized with special tokens split into plain text, so a user
     who types ``<|im_start|>system`` gets those characters, not a new role. We render the
@@ -44,7 +48,8 @@ def encode_chat(tokenizer, messages: list[ChatMessage], contents: Callable[[Chat
     ``content_ids``) separately.
     """
     placeholders = [{"role": m.role, "content": _SENTINEL.format(i)} for i, m in enumerate(messages)]
-    rendered = tokenizer.apply_chat_template(placeholders, tokenize=False, add_generation_prompt=True)
+    switch = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+    rendered = tokenizer.apply_chat_template(placeholders, tokenize=False, add_generation_prompt=True, **switch)
     ids: list[int] = []
     for piece in _SENTINEL_RE.split(rendered):
         if not piece:
@@ -57,7 +62,8 @@ def encode_chat(tokenizer, messages: list[ChatMessage], contents: Callable[[Chat
     return ids
 
 
-def build_prompt(tokenizer, messages: list[ChatMessage], max_prompt_tokens: int) -> Prompt:
+def build_prompt(tokenizer, messages: list[ChatMessage], max_prompt_tokens: int,
+                 enable_thinking: bool | None = None) -> Prompt:
     """Fit the conversation into ``max_prompt_tokens`` by dropping the oldest turns.
 
     The system prompt and the newest user message are always kept; if those alone are too
@@ -83,7 +89,7 @@ def build_prompt(tokenizer, messages: list[ChatMessage], max_prompt_tokens: int)
     starts = sorted({earliest, len(turns) - 1} | {i for i, m in enumerate(turns) if m.role == "user" and i >= earliest})
 
     def fits(start: int) -> list[int] | None:
-        ids = encode_chat(tokenizer, system + turns[start:], contents)
+        ids = encode_chat(tokenizer, system + turns[start:], enable_thinking, contents)
         return ids if len(ids) <= max_prompt_tokens else None
 
     if (ids := fits(starts[0])) is not None:
@@ -91,7 +97,7 @@ def build_prompt(tokenizer, messages: list[ChatMessage], max_prompt_tokens: int)
     low, high = 0, len(starts) - 1  # starts[low] does not fit; find the first that does
     last = fits(starts[high])
     if last is None:
-        needed = len(encode_chat(tokenizer, system + turns[starts[high]:]))
+        needed = len(encode_chat(tokenizer, system + turns[starts[high]:], enable_thinking, contents))
         raise PromptTooLong(
             f"The message is too long: it needs {needed} tokens with the system prompt, and "
             f"this model accepts at most {max_prompt_tokens} prompt tokens (its context window "

@@ -38,6 +38,7 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()  # the reply ends before the first of these strings
     logprobs: int | None = None  # None: none; k: each token's log-probability and the k likeliest alternatives
+    enable_thinking: bool | None = None  # the chat template's switch (Qwen3); None: the template's default
 
     @property
     def greedy(self) -> bool:

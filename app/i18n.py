@@ -1,0 +1,177 @@
+"""The page's words in English and Chinese, chosen by the browser's language.
+
+Two halves, one table. The page's fixed labels (controls, accordion, plot titles) are
+``gr.I18n`` keys: Gradio's frontend translates them from the browser's language. What the
+server writes as the page runs (the panel, the banner, the queue position, the stats line,
+notices and errors) is rendered here, in the language of the request's ``Accept-Language``
+header, which the browser sets from the same preference:
+
+    lang = language(request.headers.get("accept-language"))   # "zh" or "en"
+    text(lang, "wait_busy", position=2)   # "所有 worker 都在忙 — 您排在第 2 位。"
+    localize(lang, failed.message)        # a worker's or the dispatcher's message, translated
+
+The API's messages stay English: they are read by programs and searched for in logs.
+"""
+
+from __future__ import annotations
+
+import re
+
+import gradio as gr
+
+LANGUAGES = ("en", "zh")
+DEFAULT = "en"
+
+EN = {
+    # fixed labels (gr.I18n keys)
+    "title": "CPU Chat",
+    "settings": "System prompt and sampling",
+    "system_prompt": "System prompt",
+    "system_placeholder": "Empty: the model's own default system prompt",
+    "temperature": "Temperature (0 = greedy)",
+    "top_p": "Top-p",
+    "top_k": "Top-k (0 = off)",
+    "repetition_penalty": "Repetition penalty",
+    "max_new_tokens": "Max new tokens",
+    "thinking": "Thinking (Qwen3 and other reasoning models)",
+    "thinking_info": "Off: the model answers at once, without reasoning first",
+    "speed": "Speed over the last 5 minutes",
+    "tps_plot": "Decode tokens/s per worker",
+    "ttft_plot": "Time to first token (s) per worker",
+    # written by the server
+    "ready_all": "✔ **{ready}/{total} workers ready**",
+    "start_failed": "✖ **0/{total} workers ready** — start-up failed: {error}",
+    "preparing": "◐ **0/{total} workers ready** — preparing the model: {stage} …{bar}",
+    "partly_ready": "◐ **{ready}/{total} workers ready** — {what}",
+    "loading_n": "{n} loading the model and warming up",
+    "restarting_n": "{n} restarting after a crash",
+    "waiting_n": "{n} waiting",
+    "kernels": "Kernels: {summary}",
+    "private_mb": " · {mb} MB of packed weights per worker",
+    "table": "| worker | pid | cores | threads | state | replies now | tok/s now | last tok/s | served | restarts |",
+    "state_starting": "starting", "state_idle": "idle", "state_busy": "busy", "state_dead": "dead",
+    "wait_loading": "The model is still loading (0/{total} workers ready) — you are number {position} in line. "
+                    "Your reply starts as soon as a worker is ready.",
+    "wait_busy": "All workers are busy — you are number {position} in line.",
+    "ttft": "{s:.2f} s to first token",
+    "tps": "{r:.1f} tokens/s",
+    "tokens": "{n} tokens",
+    "cached": "{c}/{p} prompt tokens cached",
+    "where": "worker {id}",
+    "where_cores": "worker {id} (cores {cores})",
+    "length": "stopped at the token limit",
+    "banner_failed": "### ⚠️ The model could not be prepared\n{error}",
+    "banner_preparing": "### Preparing the model …\n{stage}.",
+    "banner_serving": "### Serving **{name}**\n{reason}.",
+    "banner_fallback": "### ⚠️ Serving **{name}**\n{reason}.",
+    "thought": "Thinking",
+    "thinking_now": "Thinking …",
+}
+
+ZH = {
+    "title": "CPU 聊天",
+    "settings": "系统提示词与采样参数",
+    "system_prompt": "系统提示词",
+    "system_placeholder": "留空：使用模型自带的默认系统提示词",
+    "temperature": "温度（0 = 贪心解码）",
+    "top_p": "Top-p",
+    "top_k": "Top-k（0 = 关闭）",
+    "repetition_penalty": "重复惩罚",
+    "max_new_tokens": "最多生成的 token 数",
+    "thinking": "思考模式（Qwen3 等推理模型）",
+    "thinking_info": "关闭后模型直接回答，不先推理",
+    "speed": "最近 5 分钟的速度",
+    "tps_plot": "各 worker 的解码速度（tokens/s）",
+    "ttft_plot": "各 worker 的首 token 延迟（秒）",
+    "ready_all": "✔ **{ready}/{total} 个 worker 已就绪**",
+    "start_failed": "✖ **0/{total} 个 worker 已就绪** — 启动失败：{error}",
+    "preparing": "◐ **0/{total} 个 worker 已就绪** — 正在准备模型：{stage} …{bar}",
+    "partly_ready": "◐ **{ready}/{total} 个 worker 已就绪** — {what}",
+    "loading_n": "{n} 个正在加载模型并预热",
+    "restarting_n": "{n} 个崩溃后正在重启",
+    "waiting_n": "{n} 个请求排队中",
+    "kernels": "计算内核：{summary}",
+    "private_mb": " · 每个 worker 私有打包权重 {mb} MB",
+    "table": "| worker | pid | 核心 | 线程 | 状态 | 当前回复 | 当前 tok/s | 上次 tok/s | 已完成 | 重启次数 |",
+    "state_starting": "启动中", "state_idle": "空闲", "state_busy": "忙碌", "state_dead": "已退出",
+    "wait_loading": "模型仍在加载（0/{total} 个 worker 已就绪）— 您排在第 {position} 位。一有 worker 就绪就开始回复。",
+    "wait_busy": "所有 worker 都在忙 — 您排在第 {position} 位。",
+    "ttft": "首 token 用时 {s:.2f} 秒",
+    "tps": "{r:.1f} tokens/s",
+    "tokens": "{n} 个 token",
+    "cached": "{c}/{p} 个提示词 token 来自缓存",
+    "where": "worker {id}",
+    "where_cores": "worker {id}（核心 {cores}）",
+    "length": "达到 token 上限而停止",
+    "banner_failed": "### ⚠️ 模型未能准备好\n{error}",
+    "banner_preparing": "### 正在准备模型 …\n{stage}。",
+    "banner_serving": "### 正在服务 **{name}**\n{reason}。",
+    "banner_fallback": "### ⚠️ 正在服务 **{name}**\n{reason}。",
+    "thought": "思考过程",
+    "thinking_now": "思考中 …",
+}
+
+TABLES = {"en": EN, "zh": ZH}
+
+# Messages made elsewhere (workers, dispatcher, validation) in English, as the API sends them,
+# and what the page shows instead in Chinese. Unknown messages are shown as they are.
+MESSAGES_ZH = [
+    (r"The message is empty\. Type something to send\.", "消息为空，请输入内容后再发送。"),
+    (r"The message is ([\d,]+) characters long; the limit is ([\d,]+)\.", "消息长 {0} 个字符，上限为 {1} 个。"),
+    ((r"The message is too long: it needs (\d+) tokens with the system prompt, and this model accepts at most (\d+) "
+      r"prompt tokens.*"),
+     "消息太长：连同系统提示词需要 {0} 个 token，而此模型最多接受 {1} 个提示词 token（上下文窗口减去回复所需的空间）。请缩短消息。"),
+    ((r"The conversation is longer than the context window: its oldest (\d+) messages were left out of this "
+      r"reply's prompt\."),
+     "对话超出了上下文窗口：最早的 {0} 条消息没有放入本次回复的提示词。"),
+    (r"The server is busy: (\d+) requests are already waiting\. Please try again in a minute\.",
+     "服务器繁忙：已有 {0} 个请求在排队。请一分钟后再试。"),
+    ((r"The worker generating this reply stopped unexpectedly \(exit code (.*?)\)\. It is being restarted; "
+      r"please send your message again\."),
+     "生成此回复的 worker 意外退出（退出码 {0}），正在重启；请重新发送消息。"),
+    (r"The server is shutting down\.", "服务器正在关闭。"),
+    (r"The server could not start its workers: (.*)", "服务器无法启动 worker：{0}"),
+    (r"Every worker keeps stopping while it loads the model.*",
+     "每个 worker 在加载模型时都会退出，因此无法回复；原因见服务器日志。服务器会继续重试。"),
+    (r"Generation failed on worker (\d+): (.*)", "worker {0} 生成失败：{1}"),
+]
+_MESSAGES_ZH = [(re.compile(pattern, re.DOTALL), template) for pattern, template in MESSAGES_ZH]
+
+
+def language(accept_language: str | None) -> str:
+    """The first language of an ``Accept-Language`` header this page speaks, by q-value."""
+    ranked = []
+    for i, part in enumerate((accept_language or "").split(",")):
+        tag, _, params = part.strip().partition(";")
+        q = 1.0
+        if params.strip().startswith("q="):
+            try:
+                q = float(params.strip()[2:])
+            except ValueError:
+                q = 0.0
+        ranked.append((-q, i, tag.strip().lower().split("-")[0]))
+    return next((lang for _, _, lang in sorted(ranked) if lang in LANGUAGES), DEFAULT)
+
+
+def request_language(request: gr.Request | None) -> str:
+    headers = getattr(request, "headers", None) or {}
+    return language(headers.get("accept-language"))
+
+
+def text(lang: str, key: str, **values) -> str:
+    return TABLES.get(lang, EN)[key].format(**values)
+
+
+def localize(lang: str, message: str) -> str:
+    """A message made in English elsewhere, in ``lang`` where it is a known one."""
+    if lang != "zh":
+        return message
+    for pattern, template in _MESSAGES_ZH:
+        if match := pattern.fullmatch(message.strip()):
+            return template.format(*match.groups())
+    return message
+
+
+def page_i18n() -> gr.I18n:
+    """The fixed labels for Gradio's frontend; ``zh-CN``/``zh-TW`` too, as browsers name them."""
+    return gr.I18n(en=EN, zh=ZH, **{"zh-CN": ZH, "zh-TW": ZH, "zh-HK": ZH})

@@ -1,0 +1,125 @@
+"""The page in the reader's language, and a reasoning model's thinking on it, in a real browser.
+
+Chromium sends ``Accept-Language`` and ``navigator.language`` from its locale, as a reader's
+browser does: labels (Gradio's i18n), the panel, the plots and the stats line follow it.
+The model is ``tests.thinking_model``'s tiny Qwen3, forced to think and then answer.
+The speed plots are checked here too: a reply becomes a point on them.
+"""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoTokenizer
+
+from app.config import load_config
+from tests.test_browser import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    chat_box,
+    counter,
+    last_reply,
+    send,
+    wait_for,
+)
+from tests.thinking_model import ANSWER, THINKING
+from workers.prompt import encode_chat
+from workers.protocol import ChatMessage
+
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(),
+                                reason="/usr/bin/chromium is missing: apt-get install chromium "
+                                       "(scripts/test.sh does it when run as root)")
+ASK = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+def open_page(browser, app, locale: str):
+    context = browser.new_context(locale=locale, viewport={"width": 1200, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    page.goto(app.url + "/")
+    chat_box(page).wait_for()
+    return context, page
+
+
+def answered(page, count: int) -> str:
+    """Wait for the ``count``-th finished reply (its stats footer has arrived)."""
+    def done():
+        """the reply's stats footer arrived"""
+        footers = page.locator("[data-testid='bot']", has_text="tokens/s")
+        return footers.count() >= count and last_reply(page)
+    return wait_for(done, timeout_s=60)
+
+
+@pytest.mark.parametrize("locale, words", [
+    ("zh-CN", {"settings": "系统提示词与采样参数", "panel": "1/1 个 worker 已就绪", "plot": "各 worker 的解码速度",
+               "thought": "思考过程", "stats": "首 token 用时"}),
+    ("en-US", {"settings": "System prompt and sampling", "panel": "1/1 workers ready",
+               "plot": "Decode tokens/s per worker", "thought": "Thinking", "stats": "s to first token"}),
+])
+def test_the_page_speaks_the_browsers_language(browser, thinking_app, locale, words):
+    context, page = open_page(browser, thinking_app, locale)
+    try:
+        assert page.get_by_text(words["settings"]).first.is_visible()
+        assert page.get_by_text(words["plot"]).first.is_visible()
+        panel = page.locator("#worker-panel")
+        wait_for(lambda: words["panel"] in panel.inner_text(), 10)
+        send(page, ASK)
+        reply = answered(page, 1)
+        assert words["stats"] in reply
+        for plot in ("#tps-plot", "#ttft-plot"):  # the reply is a point on both live plots (their legend)
+            wait_for(lambda plot=plot: "worker 0" in page.locator(plot).inner_text(), 5)
+        assert page.get_by_text(words["thought"], exact=True).first.is_visible()
+        other = "首 token 用时" if locale.startswith("en") else "s to first token"
+        assert other not in page.locator("body").inner_text()
+    finally:
+        context.close()
+
+
+def test_thinking_is_shown_collapsed_and_never_goes_back_into_the_prompt(browser, thinking_app, thinking_qwen3):
+    context, page = open_page(browser, thinking_app, "en-US")
+    try:
+        send(page, ASK)
+        reply = answered(page, 1)
+        assert ANSWER in reply and THINKING not in reply  # the answer's own message holds no thinking
+        title = page.get_by_text("Thinking", exact=True).first
+        thought = page.get_by_text(THINKING)
+        assert title.is_visible() and not thought.first.is_visible()  # collapsed above the answer
+        title.click()
+        wait_for(lambda: thought.first.is_visible(), 5)  # and opens on a click
+
+        prompt_tokens = counter(thinking_app, "cpu_chat_prompt_tokens_total")
+        send(page, "And of Italy?")
+        answered(page, 2)
+        sent = counter(thinking_app, "cpu_chat_prompt_tokens_total") - prompt_tokens
+        system = [ChatMessage("system", s)] if (s := load_config().system_prompt) else []
+        tokenizer = AutoTokenizer.from_pretrained(thinking_qwen3)
+        without = encode_chat(tokenizer, [*system, ChatMessage("user", ASK), ChatMessage("assistant", ANSWER),
+                                          ChatMessage("user", "And of Italy?")])
+        with_thinking = encode_chat(tokenizer, [
+            *system, ChatMessage("user", ASK), ChatMessage("assistant", f"<think>{THINKING}</think>{ANSWER}"),
+            ChatMessage("user", "And of Italy?")])
+        assert sent == len(without) != len(with_thinking)
+    finally:
+        context.close()
+
+
+def test_the_thinking_checkbox_switches_thinking_off(browser, thinking_app):
+    context, page = open_page(browser, thinking_app, "en-US")
+    try:
+        page.get_by_text("System prompt and sampling").click()
+        page.get_by_label("Thinking (Qwen3 and other reasoning models)").uncheck()
+        send(page, ASK)
+        reply = answered(page, 1)
+        assert ANSWER in reply and "2 tokens" in reply  # nothing but the answer was generated
+        assert page.get_by_text("Thinking", exact=True).count() == 0
+    finally:
+        context.close()

@@ -1,0 +1,77 @@
+"""Qwen3's thinking: split out of the reply, shown collapsed on the page, returned as the API's
+``reasoning_content``, switched off by the page's checkbox and the API's ``enable_thinking``,
+and never sent back into the next prompt.
+
+The model is ``tests.thinking_model``'s tiny random Qwen3, forced to think and then answer,
+served on transformers (``thinking_app`` in conftest).
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from app.thinking import ThinkingSplit, split_thinking
+from tests.thinking_model import ANSWER, THINKING
+
+REPLY = "<think>\nLet me see: 2 < 3 </th and <b>\n</think>\n\nIt is <think>-free now."
+
+
+def streamed(text: str, size: int) -> tuple[str, str]:
+    split, thinking, answer = ThinkingSplit(), "", ""
+    for i in range(0, len(text), size):
+        more_thinking, more_answer = split.push(text[i:i + size])
+        thinking, answer = thinking + more_thinking, answer + more_answer
+    more_thinking, more_answer = split.flush()
+    return thinking + more_thinking, answer + more_answer
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 8, 13, 100])
+def test_thinking_is_split_the_same_however_the_reply_is_chunked(size):
+    thinking, answer = streamed(REPLY, size)
+    assert thinking.strip() == "Let me see: 2 < 3 </th and <b>"
+    assert answer == "It is <think>-free now."
+
+
+def test_a_reply_without_thinking_streams_unchanged_and_at_once():
+    split = ThinkingSplit()
+    assert split.push("Hello") == ("", "Hello")  # not held back: it cannot be a tag
+    assert split.push(" <think> is a tag") == ("", " <think> is a tag")
+    assert split_thinking("<thi") == ("", "<thi")  # a prefix that never became the tag is text
+    assert split_thinking("<think>cut off at the token lim") == ("cut off at the token lim", "")
+
+
+def chat(app, **body) -> dict:
+    body = {"messages": [{"role": "user", "content": "What is the capital of France?"}], **body}
+    response = httpx.post(app.url + "/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_api_returns_thinking_as_reasoning_content(thinking_app):
+    message = chat(thinking_app)["choices"][0]["message"]
+    assert message == {"role": "assistant", "content": ANSWER, "reasoning_content": THINKING}
+
+
+def test_api_streams_thinking_in_deltas_apart_from_the_answer(thinking_app):
+    body = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "stream": True}
+    deltas = []
+    with httpx.stream("POST", thinking_app.url + "/v1/chat/completions", json=body, timeout=60) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                deltas.append(json.loads(line[6:])["choices"][0]["delta"])
+    reasoning = "".join(d.get("reasoning_content", "") for d in deltas)
+    content = "".join(d.get("content") or "" for d in deltas)
+    assert reasoning.strip() == THINKING and content == ANSWER
+    assert sum(1 for d in deltas if d.get("reasoning_content")) > 1  # it streams, not one lump at the end
+    first_answer = next(i for i, d in enumerate(deltas) if d.get("content"))
+    assert all(not d.get("reasoning_content") for d in deltas[first_answer:])
+
+
+@pytest.mark.parametrize("switch", [{"enable_thinking": False}, {"chat_template_kwargs": {"enable_thinking": False}}])
+def test_api_enable_thinking_false_answers_without_thinking(thinking_app, switch):
+    reply = chat(thinking_app, **switch)
+    assert reply["choices"][0]["message"] == {"role": "assistant", "content": ANSWER}
+    assert reply["usage"]["completion_tokens"] == 2  # "Paris", "!": no thinking generated at all
