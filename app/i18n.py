@@ -134,6 +134,12 @@ MESSAGES_ZH = [
     (r"Every worker keeps stopping while it loads the model.*",
      "每个 worker 在加载模型时都会退出，因此无法回复；原因见服务器日志。服务器会继续重试。"),
     (r"Generation failed on worker (\d+): (.*)", "worker {0} 生成失败：{1}"),
+    (r"This worker's memory for conversations is full: your reply starts as soon as another one ends\.",
+     "此 worker 的对话内存已满：其他回复一结束，您的回复就会开始。"),
+    ((r"This reply would need (\d+) MB of KV cache memory \(a (\d+)-token prompt and up to (\d+) new tokens\), "
+      r"more than a worker's (\d+) MB \(kv_cache_mb\)\..*"),
+     "此回复需要 {0} MB 的 KV 缓存内存（{1} 个 token 的提示词，最多 {2} 个新 token），超过了每个 worker 的 {3} MB"
+     "（kv_cache_mb）。请缩短对话或减少新 token 数。"),
 ]
 _MESSAGES_ZH = [(re.compile(pattern, re.DOTALL), template) for pattern, template in MESSAGES_ZH]
 

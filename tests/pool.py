@@ -21,13 +21,16 @@ def two_single_core_layouts():
 
 class Pool:
     def __init__(self, source: ModelSource, max_queue: int = 64, wait_ready: bool = True, max_batch: int = 4,
-                 layouts: list | None = None) -> None:
+                 layouts: list | None = None, kv_cache_bytes: int | None = None) -> None:
         """``source.weights``: a prepared lean-decoder file (what the app uses); None loads transformers.
-        ``layouts``: the workers (default: two single-core ones)."""
+        ``layouts``: the workers (default: two single-core ones); ``kv_cache_bytes``: each one's
+        KV memory budget (default: the config's)."""
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        engine_config = EngineConfig(max_context_tokens=load_config().max_context_tokens)
+        config = load_config()
+        engine_config = EngineConfig(max_context_tokens=config.max_context_tokens,
+                                     kv_cache_bytes=kv_cache_bytes or config.kv_cache_mb * 2**20)
         self.dispatcher = Dispatcher(DispatcherConfig(layouts or two_single_core_layouts(), max_batch, max_queue,
                                                       engine_config, source))
         self.run(self._start(until_ready=wait_ready), timeout=240)

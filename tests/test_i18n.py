@@ -69,3 +69,14 @@ def test_the_place_in_line_in_each_language():
     assert waiting_text("zh", busy, 2) == WAITING_PREFIX + "所有 worker 都在忙 — 您排在第 2 位。"
     assert waiting_text("en", busy, 2) == WAITING_PREFIX + "All workers are busy — you are number 2 in line."
     assert waiting_text("zh", loading, 1).startswith(WAITING_PREFIX + "模型仍在加载（0/2 个 worker 已就绪）— 您排在第 1 位")
+
+
+def test_the_memory_notices_of_the_worker_are_shown_in_chinese():
+    from app.i18n import localize
+
+    waiting = "This worker's memory for conversations is full: your reply starts as soon as another one ends."
+    refused = ("This reply would need 900 MB of KV cache memory (a 3000-token prompt and up to 2000 new tokens), "
+               "more than a worker's 512 MB (kv_cache_mb). Send a shorter conversation or ask for fewer new tokens.")
+    assert localize("zh", waiting).startswith("此 worker 的对话内存已满")
+    assert "900 MB" in localize("zh", refused) and "512 MB" in localize("zh", refused)
+    assert localize("en", refused) == refused
