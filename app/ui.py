@@ -103,11 +103,11 @@ def worker_panel(dispatcher: Dispatcher, startup: Startup) -> str:
         lines += [f"Kernels: {startup.kernels.summary()}" + (f" · {private} MB of packed weights per worker"
                                                              if private else ""), ""]
     lines += [
-             "| worker | pid | cores | threads | state | replies now | tok/s now | last tok/s | served | restarts |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| worker | node | pid | cores | threads | state | replies now | tok/s now | last tok/s | served | restarts |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for w in dispatcher.snapshot():
         now, last = w.current_tokens_per_s, w.tokens_per_s  # last is 0 after a Stop: no decode rate
-        lines.append(f"| {w.id} | {w.pid or '–'} | {','.join(map(str, w.cores))} | {w.threads} | "
+        lines.append(f"| {w.id} | {w.node} | {w.pid or '–'} | {','.join(map(str, w.cores))} | {w.threads} | "
                      f"{w.state.value} | {w.active}/{w.slots} | {now if now is not None else '–'} | "
                      f"{last or '–'} | {w.served} | {w.restarts} |")
     return "\n".join(lines)
