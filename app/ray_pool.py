@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import queue
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -231,5 +231,5 @@ class RayPool:
     def _kill(self, actor) -> None:
         try:
             self._ray.kill(actor, no_restart=True)
-        except Exception:  # noqa: BLE001 - already gone, or Ray already shut down
-            pass
+        except Exception as exc:  # noqa: BLE001 - already gone, or Ray already shut down
+            log.debug("could not kill an actor: %s", exc)

@@ -35,7 +35,7 @@ if {name for _, name in socket.if_nameindex()} != {"lo"}:
         raise RuntimeError("the Ray tests must run in a network namespace with loopback alone")
     pytest.skip("Ray tests run in a loopback-only network namespace (scripts/test.sh)", allow_module_level=True)
 
-from ray.cluster_utils import Cluster  # noqa: E402
+from ray.cluster_utils import Cluster
 
 COUNT = {"temperature": 0.0, "repetition_penalty": 1.0, "max_tokens": 300}
 
@@ -125,6 +125,19 @@ def test_two_concurrent_chats_run_on_the_two_nodes(app):
         t.join(180)
     assert len(replies) == 2 and all(r["choices"][0]["finish_reason"] in ("stop", "length") for r in replies)
     assert {node_of(app, r["metrics"]["worker"]) for r in replies} == {w["node"] for w in app.health()["workers"]}
+
+
+def test_a_conversation_stays_on_the_node_that_holds_its_cache(app):
+    def turn(messages: list) -> dict:
+        body = {"model": "any", "messages": messages, "temperature": 0.0, "max_tokens": 24, "session_id": "ray-1"}
+        return httpx.post(f"{app.url}/v1/chat/completions", json=body, timeout=120).json()
+
+    history = [{"role": "user", "content": "What is the capital of France?"}]
+    first = turn(history)
+    history += [first["choices"][0]["message"], {"role": "user", "content": "And of Italy?"}]
+    second = turn(history)
+    assert second["metrics"]["worker"] == first["metrics"]["worker"]
+    assert second["metrics"]["cached_prompt_tokens"] > 0  # its KV cache, on that node, was reused
 
 
 def test_stop_reaches_the_actor_within_a_few_decode_steps(app):

@@ -128,7 +128,7 @@ class WorkerActor:
             conn = QueueConn(self.inbox, self.outbox)
             conn.send(ready)
             serve_requests(engine, conn, spec.layout.worker_id)
-        except BaseException:  # noqa: BLE001 - like a pipe worker: die, and let the pool restart us
+        except BaseException:
             log.exception("worker %d failed", self.spec.layout.worker_id)
             logging.shutdown()
             os._exit(1)
