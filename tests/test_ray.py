@@ -108,6 +108,10 @@ def test_each_worker_is_an_actor_on_its_own_node_and_a_chat_names_it(app, cluste
     assert {n.split("/")[1] for n in nodes} == {n.node_id[:8] for n in cluster.list_all_nodes()}
     assert len({w["pid"] for w in health["workers"]}) == 2 and all(w["pid"] > 0 for w in health["workers"])
     assert sorted(w["cores"] for w in health["workers"]) == [[c] for c in sorted(os.sched_getaffinity(0))[:2]]
+    for w in health["workers"]:  # each thread: pinned, and at a local worker's priority, not Ray's nice 15
+        for task in Path(f"/proc/{w['pid']}/task").iterdir():
+            assert os.sched_getaffinity(int(task.name)) == set(w["cores"])
+            assert int((task / "stat").read_text().rsplit(")", 1)[1].split()[16]) == 0
     reply = chat(app, "What is the capital of France?")
     assert "Paris" in reply["choices"][0]["message"]["content"]
     assert node_of(app, reply["metrics"]["worker"]) in nodes

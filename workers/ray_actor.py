@@ -23,6 +23,7 @@ protocol messages cross the network.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -56,16 +57,18 @@ class QueueConn:
 
 def pin_process(cpus: tuple[int, ...], threads: int) -> tuple[int, ...]:
     """Pin every thread of this process (Ray's own included) to ``cpus``, keeping only those
-    that exist here, and set the thread budget before torch loads. Returns the cpus used."""
+    that exist here, and set the thread budget before torch loads. Returns the cpus used.
+
+    Ray starts its worker processes at nice 15, meant for its idle pool; a serving worker
+    gets the priority a local worker has (0) where it may (root, or CAP_SYS_NICE)."""
     allowed = os.sched_getaffinity(0) | set(range(os.cpu_count() or 1))
     cpus = tuple(c for c in cpus if c in allowed) or tuple(sorted(allowed))  # on another node than planned
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = str(threads)
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), cpus)
-        except OSError:  # a thread that just ended
-            pass
+    for tid in map(int, os.listdir("/proc/self/task")):  # affinity and nice are per thread on Linux
+        with contextlib.suppress(OSError):  # a thread that just ended; or no right to raise priority
+            os.sched_setaffinity(tid, cpus)
+            os.setpriority(os.PRIO_PROCESS, tid, 0)
     return cpus
 
 
