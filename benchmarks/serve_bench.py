@@ -44,11 +44,10 @@ def memory_kib(pid: int) -> dict[str, int]:
 
 
 def measure_layout(tmp: Path, model: str, workers: int, threads: int, max_batch: int,
-                   concurrency: list[int], max_tokens: int, repeats: int, extra: tuple[str, ...] = ()) -> dict:
-    """``extra``: more launch.py flags, e.g. ("--backend", "ray", "--ray-address", "local")."""
+                   concurrency: list[int], max_tokens: int, repeats: int) -> dict:
     app = start_app(tmp, "--model", model, "--workers", str(workers), "--threads-per-worker", str(threads),
                     "--max-batch", str(max_batch),
-                    "--log-level", "warning", *extra)
+                    "--log-level", "warning")
     try:
         stream_tokens(app.url, 8, 0)  # warm-up
         result = {"workers": workers, "threads": threads, "max_batch": max_batch, "aggregate_tok_s": {}}
