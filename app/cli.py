@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import get_args
 
-from app.config import AppConfig, ConfigError, Dtype, Engine, LogLevel, Quantize, load_config
+from app.config import AppConfig, Backend, ConfigError, Dtype, Engine, LogLevel, Quantize, load_config
 from app.hosting import default_config_path, env_overrides, offline_model_install
 
 log = logging.getLogger(__name__)
@@ -26,6 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="hub id (ModelScope), local HF directory, .gguf file, or 'bundled'")
     p.add_argument("--workers", type=_count, help="worker processes, or 'auto'")
     p.add_argument("--threads-per-worker", type=_count, help="torch threads (= physical cores) per worker, or 'auto'")
+    p.add_argument("--backend", choices=get_args(Backend),
+                   help="local: worker processes on this machine; ray: Ray actors across a cluster (Scale out)")
+    p.add_argument("--ray-address", help="with --backend ray: auto (the cluster `ray start` runs here), local "
+                                         "(a private one), host:port or ray://host:port")
     p.add_argument("--oversubscribe", action="store_true", default=None,
                    help="allow workers × threads above the physical core count")
     p.add_argument("--dtype", choices=get_args(Dtype))

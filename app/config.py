@@ -29,6 +29,7 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.t
 Dtype = Literal["auto", "bfloat16", "float32"]  # "auto": the measured kernel's compute dtype
 Quantize = Literal["int8", "none"]  # "int8": int8 weights allowed where measured fastest
 Engine = Literal["auto", "hf"]  # "auto": the lean decoder where the architecture allows; "hf": transformers
+Backend = Literal["local", "ray"]  # "ray": workers are Ray actors (requirements-ray.txt)
 LogLevel = Literal["debug", "info", "warning", "error"]
 
 
@@ -39,6 +40,8 @@ class AppConfig:
     model: str
     workers: int | Literal["auto"]
     threads_per_worker: int | Literal["auto"]
+    backend: Backend
+    ray_address: str
     oversubscribe: bool
     dtype: Dtype
     quantize: Quantize
@@ -105,7 +108,7 @@ def validate(config: AppConfig) -> None:
     if config.max_queue < 0:
         raise ConfigError(f"max_queue must be 0 or more, got {config.max_queue}")
     for name, choices in (("dtype", get_args(Dtype)), ("quantize", get_args(Quantize)),
-                          ("engine", get_args(Engine)), ("log_level", get_args(LogLevel)),
+                          ("engine", get_args(Engine)), ("backend", get_args(Backend)), ("log_level", get_args(LogLevel)),
                           ("kernel", ("auto", *KERNELS))):
         if getattr(config, name) not in choices:
             raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {getattr(config, name)!r}")

@@ -39,6 +39,7 @@ class WorkerSnapshot:
     """One worker as the panel, /health and /metrics show it."""
 
     id: int
+    node: str  # the machine (and Ray node) it runs on
     pid: int | None
     cores: tuple[int, ...]
     threads: int
@@ -57,7 +58,7 @@ class WorkerSnapshot:
 class WorkerHandle:
     """The dispatcher's view of one worker: its slots and what they hold."""
 
-    process: WorkerProcess  # the pool's: pid, spec, restarts
+    process: WorkerProcess  # the pool's (app.pool or app.ray_pool): pid, node, spec, restarts
     state: WorkerState = WorkerState.STARTING
     ready: Ready | None = None
     slots: int = 1  # requests generated at once (batched decode)
@@ -98,7 +99,7 @@ class WorkerHandle:
     def snapshot(self) -> WorkerSnapshot:
         layout, ready, done = self.process.layout, self.ready, self.last_done
         return WorkerSnapshot(
-            id=self.id, pid=self.pid, cores=ready.cores if ready else layout.cpus,
+            id=self.id, node=self.process.node, pid=self.pid, cores=ready.cores if ready else layout.cpus,
             threads=ready.threads if ready else layout.threads, state=self.state, active=len(self.active),
             slots=self.slots, served=self.served, restarts=self.restarts,
             kernels=ready.kernels if ready else None,

@@ -98,10 +98,12 @@ class DispatcherConfig:
 
 
 class Dispatcher:
-    def __init__(self, config: DispatcherConfig, observers: Sequence[Observer] = ()) -> None:
+    def __init__(self, config: DispatcherConfig, observers: Sequence[Observer] = (),
+                 pool_factory: Callable = ProcessPool) -> None:
+        """``pool_factory(layouts, on_message, on_exit, on_spawn)``: where workers run (``app.backends``)."""
         self.config = config
         self.observers: list[Observer] = list(observers)
-        self.pool = ProcessPool(config.layouts, self._on_message, self._on_exit, self._on_spawn)
+        self.pool = pool_factory(config.layouts, self._on_message, self._on_exit, self._on_spawn)
         self.workers = [WorkerHandle(self.pool.workers[layout.worker_id], slots=config.max_batch)
                         for layout in config.layouts]
         self._by_id = {w.id: w for w in self.workers}

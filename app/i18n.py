@@ -48,7 +48,7 @@ EN = {
     "waiting_n": "{n} waiting",
     "kernels": "Kernels: {summary}",
     "private_mb": " · {mb} MB of packed weights per worker",
-    "table": "| worker | pid | cores | threads | state | replies now | tok/s now | last tok/s | served | restarts |",
+    "table": "| worker | node | pid | cores | threads | state | replies now | tok/s now | last tok/s | served | restarts |",
     "state_starting": "starting", "state_idle": "idle", "state_busy": "busy", "state_dead": "dead",
     "wait_loading": "The model is still loading (0/{total} workers ready) — you are number {position} in line. "
                     "Your reply starts as soon as a worker is ready.",
@@ -92,7 +92,7 @@ ZH = {
     "waiting_n": "{n} 个请求排队中",
     "kernels": "计算内核：{summary}",
     "private_mb": " · 每个 worker 私有打包权重 {mb} MB",
-    "table": "| worker | pid | 核心 | 线程 | 状态 | 当前回复 | 当前 tok/s | 上次 tok/s | 已完成 | 重启次数 |",
+    "table": "| worker | 节点 | pid | 核心 | 线程 | 状态 | 当前回复 | 当前 tok/s | 上次 tok/s | 已完成 | 重启次数 |",
     "state_starting": "启动中", "state_idle": "空闲", "state_busy": "忙碌", "state_dead": "已退出",
     "wait_loading": "模型仍在加载（0/{total} 个 worker 已就绪）— 您排在第 {position} 位。一有 worker 就绪就开始回复。",
     "wait_busy": "所有 worker 都在忙 — 您排在第 {position} 位。",

@@ -65,6 +65,18 @@ class DispatcherCollector:
         for w in workers:
             restarts.add_metric([str(w.id)], w.restarts)
         yield restarts
+        snapshots = self.dispatcher.snapshot()
+        info = GaugeMetricFamily(f"{PREFIX}_worker_info", "1 per worker, labelled with the node (machine) it "
+                                 "runs on and its pid.", labels=["worker", "node", "pid"])
+        replies = GaugeMetricFamily(f"{PREFIX}_worker_active_replies", "Replies each worker generates now.",
+                                    labels=["worker", "node"])
+        served = CounterMetricFamily(f"{PREFIX}_worker_served", "Replies each worker finished.",
+                                     labels=["worker", "node"])
+        for w in snapshots:
+            info.add_metric([str(w.id), w.node, str(w.pid or "")], 1)
+            replies.add_metric([str(w.id), w.node], w.active)
+            served.add_metric([str(w.id), w.node], w.served)
+        yield from (info, replies, served)
 
 
 @dataclass

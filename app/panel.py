@@ -59,10 +59,10 @@ def worker_panel(lang: str, dispatcher: Dispatcher, startup: Startup) -> str:
         private = max((w.private_weight_mb or 0 for w in dispatcher.snapshot()), default=0)
         lines += [text(lang, "kernels", summary=startup.kernels.summary())
                   + (text(lang, "private_mb", mb=private) if private else ""), ""]
-    lines += [text(lang, "table"), "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [text(lang, "table"), "|---|---|---|---|---|---|---|---|---|---|---|"]
     for w in dispatcher.snapshot():
         now, last = w.current_tokens_per_s, w.tokens_per_s  # last is 0 after a Stop: no decode rate
-        lines.append(f"| {w.id} | {w.pid or '–'} | {','.join(map(str, w.cores))} | {w.threads} | "
+        lines.append(f"| {w.id} | {w.node} | {w.pid or '–'} | {','.join(map(str, w.cores))} | {w.threads} | "
                      f"{text(lang, 'state_' + w.state.value)} | {w.active}/{w.slots} | "
                      f"{now if now is not None else '–'} | {last or '–'} | {w.served} | {w.restarts} |")
     return "\n".join(lines)

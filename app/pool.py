@@ -2,8 +2,8 @@
 
 This is the seam between the dispatcher and where workers run. The dispatcher starts the
 pool, sends ``workers.protocol`` messages to one worker by id, and hears back through two
-callbacks, always on the event loop thread; a second backend (Ray actors on other
-machines) implements the same calls:
+callbacks, always on the event loop thread; ``app.ray_pool.RayPool`` (Ray actors on other
+machines) implements the same calls, and ``app.backends`` picks one:
 
     pool = ProcessPool(layouts, on_message=..., on_exit=..., on_spawn=...)
     pool.start(loop, specs)          # spawn every worker (specs: worker id -> WorkerSpec)
@@ -12,6 +12,7 @@ machines) implements the same calls:
     on_message(worker_id, msg)       # every message a worker sends
     on_exit(worker_id, exit_code)    # it died; the pool respawns it after a backoff
     await pool.stop()                # Shutdown, then make sure each one exited (by pid)
+    pool.workers[worker_id]          # .id .layout .spec .pid .node .restarts .crashes_in_a_row
 
 One duplex ``multiprocess`` Pipe per worker, with one reader thread that blocks on it and
 hands each message to the loop with ``call_soon_threadsafe``, and one writer thread that
@@ -25,10 +26,11 @@ import asyncio
 import contextlib
 import logging
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import multiprocess
 
@@ -65,6 +67,7 @@ class WorkerProcess:
 
     layout: WorkerLayout
     spec: WorkerSpec | None = None
+    node: str = field(default_factory=socket.gethostname)  # where it runs: this machine
     process: object = None
     conn: object = None
     outbox: queue.SimpleQueue | None = None  # what the writer thread sends; None ends it

@@ -28,7 +28,8 @@ from fastapi.exceptions import RequestValidationError
 from app import startup as stages
 from app.api import build_router, http_error, validation_error
 from app.auth import AuthError, Credentials, parse_auth
-from app.config import AppConfig
+from app.backends import pool_factory
+from app.config import AppConfig, ConfigError
 from app.dispatcher import Dispatcher, DispatcherConfig, ModelSource
 from app.metrics import AppMetrics, build_metrics_router
 from app.pool import call_soon
@@ -78,11 +79,15 @@ def choose_kernels(config: AppConfig, model_path: str, layout: WorkerLayout, lea
 
 
 def build_dispatcher(config: AppConfig) -> Dispatcher:
-    """The dispatcher with its planned workers, before the model is known (see ``prepare_model``)."""
+    """The dispatcher with its planned workers, before the model is known (see ``prepare_model``).
+
+    The layouts are planned on this machine (the kernels are measured for the first); on Ray
+    the pool places the workers on the cluster's machines and plans each machine's cores."""
     cores = physical_cores()
     workers = auto_workers(len(cores)) if config.workers == "auto" else config.workers
     threads = None if config.threads_per_worker == "auto" else config.threads_per_worker
-    layouts = plan_layout(cores, workers, threads, allow_oversubscribe=config.oversubscribe)
+    elsewhere = config.backend != "local"  # other machines' cores count too: checked when placing
+    layouts = plan_layout(cores, workers, threads, allow_oversubscribe=config.oversubscribe or elsewhere)
     return Dispatcher(DispatcherConfig(
         layouts=layouts,
         max_batch=config.max_batch,
@@ -90,7 +95,7 @@ def build_dispatcher(config: AppConfig) -> Dispatcher:
         engine_config=EngineConfig(max_context_tokens=config.max_context_tokens,
                                    kv_cache_bytes=config.kv_cache_mb * 2**20),
         log_level=logging.getLevelName(config.log_level.upper()),
-    ))
+    ), pool_factory=pool_factory(config))
 
 
 def prepare_model(config: AppConfig, layout: WorkerLayout, startup: Startup) -> ModelSource:
@@ -197,7 +202,7 @@ def serve(config: AppConfig) -> int:
         auth = parse_auth(config.auth) if config.auth else None
         check_spec(config.model)
         dispatcher = build_dispatcher(config)
-    except (AuthError, ModelNotFound, LayoutError) as exc:
+    except (AuthError, ConfigError, ModelNotFound, LayoutError) as exc:
         log.error("%s", exc)
         return 2
     if (config.share or config.host not in ("127.0.0.1", "localhost", "::1")) and not auth:

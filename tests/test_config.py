@@ -57,3 +57,14 @@ def test_hosting_environment_sets_host_and_port_and_flags_win():
     assert parse_config(["--port", "7001"], environ=env).port == 7001
     with pytest.raises(ConfigError, match="PORT must be a number"):
         parse_config([], environ={"PORT": "http"})
+
+
+def test_local_workers_by_default_and_ray_from_the_file_or_the_flags(tmp_path):
+    assert (load_config().backend, load_config().ray_address) == ("local", "auto")
+    path = tmp_path / "c.toml"
+    path.write_text('backend = "ray"\n')
+    assert parse_config(["--config", str(path)]).backend == "ray"
+    cfg = parse_config(["--backend", "ray", "--ray-address", "ray://head:10001"])
+    assert (cfg.backend, cfg.ray_address) == ("ray", "ray://head:10001")
+    with pytest.raises(ConfigError, match="backend must be one of local, ray"):
+        load_config(overrides={"backend": "dask"})

@@ -85,6 +85,18 @@ def run_worker(spec: WorkerSpec, conn) -> None:
     # Ctrl+C in a terminal reaches the whole process group; the dispatcher decides when we stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     pin_to_cores(spec.layout)
+    engine, ready = load_engine(spec)
+    try:
+        conn.send(ready)
+        serve_requests(engine, conn, spec.layout.worker_id)
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        log.info("dispatcher went away; exiting")
+
+
+def load_engine(spec: WorkerSpec):
+    """Load and warm up the engine, in a process already pinned (``pin_to_cores``) and
+    before torch is imported; returns it with the ``Ready`` to send. Shared by the pipe
+    worker and the Ray actor (``workers.ray_actor``)."""
     if spec.kernel:
         set_thread_env(spec.kernel)
     logging.basicConfig(level=spec.log_level,
@@ -102,21 +114,15 @@ def run_worker(spec: WorkerSpec, conn) -> None:
     warm_up(engine, spec.warmup_tokens)
     load_s = time.monotonic() - started
     log.info("ready in %.1f s on cpus %s with %d threads", load_s, spec.layout.cpus, torch.get_num_threads())
-    try:
-        conn.send(
-            Ready(
-                pid=os.getpid(),
-                cores=tuple(sorted(os.sched_getaffinity(0))),
-                threads=torch.get_num_threads(),
-                dtype=spec.dtype,
-                load_s=load_s,
-                kernels=spec.kernels or f"transformers, {spec.dtype}",
-                private_weight_bytes=loaded.private_weight_bytes,
-            )
-        )
-        serve_requests(engine, conn, spec.layout.worker_id)
-    except (EOFError, BrokenPipeError, ConnectionResetError):
-        log.info("dispatcher went away; exiting")
+    return engine, Ready(
+        pid=os.getpid(),
+        cores=tuple(sorted(os.sched_getaffinity(0))),
+        threads=torch.get_num_threads(),
+        dtype=spec.dtype,
+        load_s=load_s,
+        kernels=spec.kernels or f"transformers, {spec.dtype}",
+        private_weight_bytes=loaded.private_weight_bytes,
+    )
 
 
 def warm_up(engine, tokens: int) -> None:

@@ -1,0 +1,27 @@
+"""The one place that picks where workers run: the dispatcher gets a pool factory and never
+asks which backend it is.
+
+    Dispatcher(dispatcher_config, pool_factory=pool_factory(app_config))
+
+``local`` (the default): ``app.pool.ProcessPool``, one pipe per worker process on this
+machine. ``ray``: ``app.ray_pool.RayPool``, one Ray actor per worker across a cluster;
+imported only when asked for, so the app runs without Ray installed.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+from app.config import AppConfig
+from app.pool import ProcessPool
+
+
+def pool_factory(config: AppConfig) -> Callable:
+    if config.backend == "local":
+        return ProcessPool
+    from app.ray_pool import RayPool, RaySettings
+
+    threads = None if config.threads_per_worker == "auto" else config.threads_per_worker
+    settings = RaySettings(config.ray_address, config.model, config.cache_dir, threads, config.oversubscribe)
+    return functools.partial(RayPool, settings=settings)
