@@ -185,7 +185,7 @@ class Dispatcher:
         worker.state = WorkerState.DEAD
         for request_id in sorted(worker.active):
             self._deliver(Failed(request_id, f"The worker generating this reply stopped "
-                                 f"unexpectedly (exit code {code}). It is being restarted; "
+                                 f"unexpectedly (exit code {'unknown' if code is None else code}). It is being restarted; "
                                  f"please send your message again.", ErrorCode.UNAVAILABLE))
         worker.active.clear()
         worker.progress.clear()

@@ -26,12 +26,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from app.pool import SHUTDOWN_GRACE_S, STABLE_AFTER_S, call_soon, respawn_delay
+from app.pool import SHUTDOWN_GRACE_S, call_soon, respawn_delay
 from app.ray_place import RayNode, place
 from workers.cores import WorkerLayout, physical_cores
 from workers.errors import ConfigError
 from workers.process import WorkerSpec
-from workers.protocol import FromWorker, Shutdown, ToWorker
+from workers.protocol import FromWorker, Ready, Shutdown, ToWorker
 from workers.ray_actor import ACTOR_THREADS, WorkerActor
 
 log = logging.getLogger(__name__)
@@ -61,8 +61,9 @@ class RayWorker:
     outbox: queue.SimpleQueue | None = None
     ended: threading.Event = field(default_factory=threading.Event)
     started_at: float = 0.0
+    loaded: bool = False  # it sent Ready since its last start
     restarts: int = 0
-    crashes_in_a_row: int = 0
+    crashes_in_a_row: int = 0  # deaths before Ready (app.pool.respawn_delay)
 
     @property
     def id(self) -> int:
@@ -161,7 +162,7 @@ class RayPool:
         ).remote(worker.spec, self.settings.model, self.settings.cache_dir)
         if worker.outbox is not None:
             worker.outbox.put(None)
-        worker.actor, worker.pid, worker.started_at = actor, None, time.monotonic()
+        worker.actor, worker.pid, worker.started_at, worker.loaded = actor, None, time.monotonic(), False
         worker.outbox, worker.ended = queue.SimpleQueue(), threading.Event()
         self._on_spawn(worker.id)
         threading.Thread(target=self._read, args=(worker, actor, worker.ended), daemon=True,
@@ -179,6 +180,8 @@ class RayPool:
             call_soon(self._loop, self._located, worker, actor, node_id, pid)
             for ref in actor.messages.options(num_returns="streaming").remote():
                 for msg in ray.get(ref):
+                    if isinstance(msg, Ready):
+                        worker.loaded = True
                     call_soon(self._loop, self._on_message, worker.id, msg)
         except Exception as exc:  # noqa: BLE001 - RayActorError and its kin: the actor is gone
             log.warning("worker %d: actor ended: %s", worker.id, str(exc).splitlines()[0] if str(exc) else exc)
@@ -213,8 +216,7 @@ class RayPool:
             return
         worker.outbox.put(None)
         self._kill(actor)
-        lived = time.monotonic() - worker.started_at
-        worker.crashes_in_a_row = 1 if lived > STABLE_AFTER_S else worker.crashes_in_a_row + 1
+        worker.crashes_in_a_row = 1 if worker.loaded else worker.crashes_in_a_row + 1
         self._on_exit(worker.id, code)
         if self._stopping:
             return
