@@ -78,8 +78,34 @@ def measure(spec: dict) -> dict:
                     else ENGINES[label]["dtype"]} for label, values in runs.items()}
 
 
-def run_one(spec: dict) -> dict:
-    out = subprocess.run([sys.executable, "-m", "benchmarks.arch_bench", "--one", json.dumps(spec)], cwd=ROOT,
+def check_logits(spec: dict) -> dict:
+    """The full-size model in fp32 on both engines: a 64-token prefill, then 8 decode steps;
+    the largest logit difference (the tests check tiny models to 2e-3; this is the real shape)."""
+    os.environ["OMP_NUM_THREADS"] = str(THREADS)
+    import torch
+
+    from workers.loader import load
+    from workers.weights import prepare
+
+    torch.set_num_threads(THREADS)
+    prompt = torch.randint(100, 40000, (PROMPT_TOKENS,), generator=torch.Generator().manual_seed(0))
+    logits = {}
+    for engine in ("lean", "hf"):
+        weights = str(prepare(spec["model"], "fp32", Path(spec["cache_dir"]))) if engine == "lean" else None
+        decoder = load(spec["model"], "float32", weights, threads=THREADS).decoder
+        cache = decoder.new_cache()
+        out = [decoder.forward(prompt, cache)]
+        for token in range(1000, 1008):  # the same forced tokens on both
+            out.append(decoder.forward(torch.tensor([token]), cache))
+        logits[engine] = torch.stack(out)
+        del decoder, cache
+    diff = (logits["lean"] - logits["hf"]).abs()
+    return {"max_abs_diff": diff.max().item(), "logit_std": logits["hf"].std().item(),
+            "same_argmax": bool((logits["lean"].argmax(-1) == logits["hf"].argmax(-1)).all())}
+
+
+def run_one(spec: dict, mode: str = "--one") -> dict:
+    out = subprocess.run([sys.executable, "-m", "benchmarks.arch_bench", mode, json.dumps(spec)], cwd=ROOT,
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -87,11 +113,12 @@ def run_one(spec: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--one", help="internal: measure one spec (JSON) in this process")
+    p.add_argument("--check", help="internal: compare fp32 logits for one spec (JSON) in this process")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--models", nargs="*", default=list(arch_shapes.CONFIGS))
     args = p.parse_args(argv)
-    if args.one:
-        print(json.dumps(measure(json.loads(args.one))))
+    if args.one or args.check:
+        print(json.dumps(measure(json.loads(args.one)) if args.one else check_logits(json.loads(args.check))))
         return 0
     machine = _machine()
     out = ROOT / "benchmarks" / "results" / machine["cpu_class"]
@@ -106,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         path = arch_shapes.build(name, CACHE / f"{name}-shape", tokenizer)
         print(f"  {name}: {', '.join(ENGINES)}, alternating ...", flush=True)
         results["models"][name] = run_one({"model": str(path), "repeats": args.repeats, "cache_dir": str(CACHE)})
+        print(f"  {name}: fp32 logits, lean vs transformers ...", flush=True)
+        results.setdefault("logits_fp32", {})[name] = run_one({"model": str(path), "cache_dir": str(CACHE)}, "--check")
     report = summarize(results)
     (out / "architectures.json").write_text(json.dumps({"raw": results, "summary": report}, indent=2))
     (out / "architectures.md").write_text(markdown(report))
@@ -122,7 +151,7 @@ def summarize(results: dict) -> dict:
         rows.append({"model": name, "lean_kernel": engines["lean (measured choice)"]["kernel"],
                      "decode_tok_s": {label: v.dict() for label, v in s.items()},
                      "faster_transformers": hf_label, "lean_over_transformers": lean.ratio_to(s[hf_label]).dict()})
-    return {"machine": results["machine"], "rows": rows}
+    return {"machine": results["machine"], "rows": rows, "logits_fp32": results.get("logits_fp32", {})}
 
 
 def markdown(report: dict) -> str:
@@ -142,6 +171,12 @@ def markdown(report: dict) -> str:
                      f"{fmt(t['transformers bf16'])} | {fmt(t['transformers fp32'])} | "
                      f"{r['lean_over_transformers']['median']:.2f}× ({r['lean_over_transformers']['min']:.2f}–"
                      f"{r['lean_over_transformers']['max']:.2f}) |")
+    if report.get("logits_fp32"):
+        lines += ["", f"fp32 logits of the full-size models, lean vs transformers ({PROMPT_TOKENS}-token prefill, "
+                  "then 8 decode steps): "
+                  + "; ".join(f"{name}: max |diff| {c['max_abs_diff']:.1e} (logit std {c['logit_std']:.2f}), "
+                              f"{'same' if c['same_argmax'] else 'DIFFERENT'} argmax"
+                              for name, c in report["logits_fp32"].items())]
     return "\n".join(lines) + "\n"
 
 
