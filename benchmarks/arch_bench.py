@@ -161,8 +161,8 @@ def markdown(report: dict) -> str:
         return f"{d['median']:.1f} ({d['min']:.1f}–{d['max']:.1f})"
 
     lines = [f"CPU: {m['cpus']} ({m['cores']} cores), flags {' '.join(m['flags'])}; class {m['cpu_class']}.",
-             f"Decode tok/s at batch 1, {THREADS} threads, after a {PROMPT_TOKENS}-token prompt, {DECODE_TOKENS} tokens; "
-             "random weights with the published configs; median (min–max) of 3, every engine in the same run.", "",
+             (f"Decode tok/s at batch 1, {THREADS} threads, after a {PROMPT_TOKENS}-token prompt, {DECODE_TOKENS} tokens; "
+              "random weights with the published configs; median (min–max) of 3, every engine in the same run."), "",
              "| model shape | lean (kernel) | transformers bf16 | transformers fp32 | lean ÷ faster transformers |",
              "|---|---|---|---|---|"]
     for r in report["rows"]:

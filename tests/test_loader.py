@@ -6,7 +6,14 @@ import pytest
 
 from tests.generation import generate
 from workers.engine import Engine
-from workers.loader import ModelNotFound, bundled_gguf, check_spec, convert_gguf, load, resolve_model
+from workers.loader import (
+    ModelNotFound,
+    bundled_gguf,
+    check_spec,
+    convert_gguf,
+    load,
+    resolve_model,
+)
 from workers.protocol import ChatMessage, EngineConfig, SamplingParams
 
 
