@@ -6,7 +6,14 @@ import pytest
 
 from tests.generation import generate
 from workers.engine import Engine
-from workers.loader import ModelNotFound, bundled_gguf, convert_gguf, load, resolve_model
+from workers.loader import (
+    ModelNotFound,
+    bundled_gguf,
+    check_spec,
+    convert_gguf,
+    load,
+    resolve_model,
+)
 from workers.protocol import ChatMessage, EngineConfig, SamplingParams
 
 
@@ -51,3 +58,17 @@ def test_bad_model_specs_say_what_is_wrong(spec, message, cache_dir):
 def test_directory_without_config_is_refused(tmp_path, cache_dir):
     with pytest.raises(ModelNotFound, match="no config.json"):
         resolve_model(str(tmp_path), cache_dir)
+
+
+NEWER_MODELS = ["Qwen/Qwen3-0.6B", "Qwen/Qwen3-1.7B", "Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-1.5B-Instruct",
+                "LLM-Research/Llama-3.2-1B-Instruct"]
+
+
+@pytest.mark.parametrize("model_id", NEWER_MODELS)
+def test_newer_modelscope_ids_are_accepted_and_fall_back_offline(model_id, cache_dir, tmp_path, monkeypatch):
+    """The ids the README lists pass the start-up check (dots and digits in the name are not
+    taken for a file suffix) and, with the hub unreachable, serve the bundled model saying why."""
+    monkeypatch.setenv("MODELSCOPE_CACHE", str(tmp_path / "empty-modelscope-cache"))
+    check_spec(model_id)
+    model = resolve_model(model_id, cache_dir, hub_timeout_s=3.0)
+    assert model.is_fallback and model_id in model.reason

@@ -5,6 +5,7 @@ worker then loads the resolved local directory with ``load``.
 
     resolve_model("qwen/Qwen1.5-0.5B-Chat", cache_dir)   # ModelScope cache, then the hub,
                                                           # then the bundled model if offline
+    resolve_model("Qwen/Qwen3-0.6B", cache_dir)          # any ModelScope id (owner/name)
     resolve_model("./my-model", cache_dir)               # any local HF directory
     resolve_model("./model.Q8_0.gguf", cache_dir)        # converted once to safetensors
     resolve_model("bundled", cache_dir)                  # SmolLM2-135M-Instruct, offline

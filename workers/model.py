@@ -1,4 +1,4 @@
-"""A lean decoder for the Llama / Qwen2 family: the forward pass and nothing else.
+"""A lean decoder for the Llama / Qwen2 / Qwen3 family: the forward pass and nothing else.
 
 Why not the transformers model: at batch 1 on a CPU, decode is bound by reading the
 weights once per token, and what separates an engine from that limit is per-token
@@ -6,6 +6,9 @@ overhead — cache objects, mask builders, hooks, many small ops. This module is
 forward pass alone, in the style of gpt-fast's ``model.py``:
 
 * q/k/v and gate/up are fused into one matmul each (fewer, larger kernels at M=1);
+* the architectures differ only where they must: q/k/v biases (Qwen2), per-head q/k
+  RMSNorm and an explicit head dim (Qwen3), Llama 3's scaled RoPE frequencies
+  (``workers.rope``); anything else raises ``UnsupportedModel`` and transformers serves it;
 * every linear, the lm_head too, runs on the kernel measured fastest on this CPU
   (``workers.kernels``: dense fp32/bf16, fbgemm fp16, int8 weight-only on torch or
   onnxruntime), with a decode path for a few rows and a prefill path for many;
@@ -30,9 +33,9 @@ import torch.nn.functional as F
 from workers.errors import UnsupportedModel
 from workers.kernels import KERNELS
 from workers.linear import Linear, build_linear, dtype_of
+from workers.rope import Llama3Scaling, inv_freq, rope_settings
 
-SUPPORTED_TYPES = ("llama", "qwen2")
-
+SUPPORTED_TYPES = ("llama", "qwen2", "qwen3")
 
 
 @dataclass(frozen=True)
@@ -42,24 +45,35 @@ class ModelArgs:
     n_layers: int
     n_heads: int
     n_kv_heads: int
-    head_dim: int
+    head_dim: int  # explicit in Qwen3's config, and there not dim / n_heads
     intermediate_size: int
     norm_eps: float
     rope_theta: float
     qkv_bias: bool
     tie_embeddings: bool
     max_seq_len: int
+    qk_norm: bool = False  # Qwen3: RMSNorm over each q and k head before RoPE
+    rope_scaling: Llama3Scaling | None = None  # Llama 3.x
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rope_scaling, dict):  # read back from a prepared file's JSON
+            object.__setattr__(self, "rope_scaling", Llama3Scaling(**self.rope_scaling))
 
     @classmethod
     def from_hf_config(cls, cfg) -> ModelArgs:
-        if cfg.model_type not in SUPPORTED_TYPES:
-            raise UnsupportedModel(f"model_type {cfg.model_type!r} (lean decoder: {', '.join(SUPPORTED_TYPES)})")
-        rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
-        if rope.get("rope_type", "default") != "default":
-            raise UnsupportedModel(f"rope_type {rope.get('rope_type')!r}")
-        theta = rope.get("rope_theta") or getattr(cfg, "rope_theta", None) or 10000.0
-        if getattr(cfg, "use_sliding_window", False):
-            raise UnsupportedModel("sliding-window attention")
+        """The lean decoder's shape of a transformers config; UnsupportedModel (the caller then
+        serves the model with transformers) for anything this forward pass would compute wrong."""
+        kind = cfg.model_type
+        if kind not in SUPPORTED_TYPES:
+            raise UnsupportedModel(f"model_type {kind!r} (lean decoder: {', '.join(SUPPORTED_TYPES)})")
+        if getattr(cfg, "hidden_act", "silu") != "silu":
+            raise UnsupportedModel(f"activation {cfg.hidden_act!r}")
+        if getattr(cfg, "mlp_bias", False):
+            raise UnsupportedModel("MLP biases")
+        if kind != "qwen2" and getattr(cfg, "attention_bias", False):  # also on o_proj, which has none here
+            raise UnsupportedModel("attention biases (attention_bias: true)")
+        theta, scaling = rope_settings(cfg)
+        _check_sliding_window(cfg)
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         return cls(
             vocab_size=cfg.vocab_size,
@@ -70,11 +84,29 @@ class ModelArgs:
             head_dim=head_dim,
             intermediate_size=cfg.intermediate_size,
             norm_eps=cfg.rms_norm_eps,
-            rope_theta=float(theta),
-            qkv_bias=cfg.model_type == "qwen2" or bool(getattr(cfg, "attention_bias", False)),
+            rope_theta=theta,
+            qkv_bias=kind == "qwen2",
             tie_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
             max_seq_len=cfg.max_position_embeddings,
+            qk_norm=kind == "qwen3",
+            rope_scaling=scaling,
         )
+
+
+def _check_sliding_window(cfg) -> None:
+    """Refuse a sliding window that would apply; accept one a model states but does not use.
+
+    Qwen2.5 and Qwen3 configs carry ``sliding_window`` and ``max_window_layers`` with
+    ``use_sliding_window: false``: transformers then attends over everything (it clears
+    ``sliding_window``), as the lean decoder does. A window that some layer applies, shorter
+    than the model's whole context, would make later tokens see less than here: refused."""
+    types = set(getattr(cfg, "layer_types", None) or ())
+    if types - {"full_attention", "sliding_attention"}:
+        raise UnsupportedModel(f"layer types {sorted(types)}")
+    used = getattr(cfg, "use_sliding_window", False) or "sliding_attention" in types
+    window = getattr(cfg, "sliding_window", None) if used else None
+    if window is not None and window < cfg.max_position_embeddings:
+        raise UnsupportedModel(f"sliding-window attention (window {window} < context {cfg.max_position_embeddings})")
 
 
 MATMUL_ATTENTION_FROM = 192  # cached tokens from which decode attention uses plain matmuls (see _attend)
@@ -88,6 +120,8 @@ class Layer:
     mlp_norm: torch.Tensor  # [E]
     gate_up: Linear  # E -> 2 I
     down: Linear  # I -> E
+    q_norm: torch.Tensor | None = None  # [D], Qwen3
+    k_norm: torch.Tensor | None = None
 
 
 class KVCache:
@@ -159,13 +193,14 @@ class Transformer:
                 mlp_norm=tensors[f"layers.{i}.mlp_norm"],
                 gate_up=linear(f"layers.{i}.gate_up"),
                 down=linear(f"layers.{i}.down"),
+                q_norm=tensors.get(f"layers.{i}.q_norm"),
+                k_norm=tensors.get(f"layers.{i}.k_norm"),
             )
             for i in range(args.n_layers)
         ]
         self.norm = tensors["norm"]
         self.lm_head = linear("lm_head")  # its own tensors even when tied: the kernel's format, not the embedding's
-        inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, args.head_dim, 2, dtype=torch.float32) / args.head_dim))
-        self._inv_freq = inv_freq  # [D/2]
+        self._inv_freq = inv_freq(args.head_dim, args.rope_theta, args.rope_scaling)  # [D/2]
 
     def new_cache(self) -> KVCache:
         return KVCache(self.args, self.dtype)
@@ -220,7 +255,10 @@ class Transformer:
         for i, layer in enumerate(self.layers):
             h = self._norm(x, layer.attn_norm)
             qkv = layer.qkv(h, prompt).view(B, S, H + 2 * Hkv, D)
-            qk = _apply_rope(qkv[:, :, : H + Hkv], cos, sin)  # q and k heads rotated in one go
+            qk = qkv[:, :, : H + Hkv]
+            if layer.q_norm is not None:  # Qwen3: each head normed on its own, before RoPE
+                qk = torch.cat([self._norm(qk[:, :, :H], layer.q_norm), self._norm(qk[:, :, H:], layer.k_norm)], dim=2)
+            qk = _apply_rope(qk, cos, sin)  # q and k heads rotated in one go
             q = qk[:, :, :H].transpose(1, 2)  # [B, H, S, D]
             k = qk[:, :, H:].transpose(1, 2)  # [B, Hkv, S, D]
             v = qkv[:, :, H + Hkv :].transpose(1, 2)

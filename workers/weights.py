@@ -137,6 +137,9 @@ def _layout(state: dict[str, torch.Tensor], args: ModelArgs, kernel: Kernel) -> 
         put_linear(f"{p}.down", mlp["down"])
         out[f"{p}.attn_norm"] = state[f"{p}.input_layernorm.weight"].to(dtype).contiguous()
         out[f"{p}.mlp_norm"] = state[f"{p}.post_attention_layernorm.weight"].to(dtype).contiguous()
+        if args.qk_norm:  # Qwen3's per-head norms, [D] each
+            out[f"{p}.q_norm"] = state[f"{p}.self_attn.q_norm.weight"].to(dtype).contiguous()
+            out[f"{p}.k_norm"] = state[f"{p}.self_attn.k_norm.weight"].to(dtype).contiguous()
     return out
 
 
