@@ -18,6 +18,7 @@ import logging
 import os
 import signal
 import time
+from collections import deque
 from dataclasses import dataclass
 
 from workers.cores import WorkerLayout
@@ -174,11 +175,14 @@ class ChunkSize:
 class Batch:
     """The requests this worker is generating, stepped together; sends what each produces.
 
-    ``active`` holds every admitted request; those still prefilling are stepped in order,
-    one chunk per loop, while the prefilled ones decode together."""
+    A request goes ``arrived`` (read from the pipe) → ``waiting`` (prompt built, waiting for
+    KV memory) → ``active`` (prefilling a chunk per loop, then decoding with the others).
+    One arrival's prompt is built per loop, between two decode steps: a burst of requests
+    with megabytes of history must not hold up the replies already streaming."""
 
     def __init__(self, engine, conn, worker_id: int) -> None:
         self.engine, self.conn, self.worker_id = engine, conn, worker_id
+        self.arrived: deque[Generate] = deque()
         self.active: dict[str, object] = {}  # request_id -> workers.engine.Sequence
         self.waiting: dict[str, Admitted] = {}  # prompt built, waiting for KV memory (arrival order)
         self.chunk = ChunkSize()
@@ -243,18 +247,43 @@ class Batch:
                 self._send(prefilling, first)
         self._finish_done()
 
+    @property
+    def busy(self) -> bool:
+        return bool(self.active or self.arrived)
+
+    def admit_next(self) -> None:
+        """Build the prompt of the oldest arrival (one per loop: see the class)."""
+        if not self.arrived:
+            return
+        req = self.arrived.popleft()
+        try:
+            self.admit(req)
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - one bad request must not take the worker down
+            log.exception("request %s failed", req.request_id)
+            self.active.pop(req.request_id, None)
+            self.waiting.pop(req.request_id, None)
+            self.conn.send(Failed(req.request_id, f"Generation failed on worker {self.worker_id}: "
+                                                  f"{type(exc).__name__}: {exc}"))
+
     def cancel(self, rid: str) -> None:
-        if rid in self.active:
+        arrived = next((r for r in self.arrived if r.request_id == rid), None)
+        if arrived is not None:
+            self.arrived.remove(arrived)
+            self.conn.send(Done(rid, FinishReason.CANCELLED, Metrics(worker=self.worker_id)))
+        elif rid in self.active:
             self._finish(self.active.pop(rid), FinishReason.CANCELLED)
             self._start_waiting()
         elif self.waiting.pop(rid, None) is not None:
             self.conn.send(Done(rid, FinishReason.CANCELLED, Metrics(worker=self.worker_id)))
 
     def fail_all(self, message: str) -> None:
-        for rid in [*self.active, *self.waiting]:
+        for rid in [*self.active, *self.waiting, *(r.request_id for r in self.arrived)]:
             self.active.pop(rid, None)
             self.waiting.pop(rid, None)
             self.conn.send(Failed(rid, message))
+        self.arrived.clear()
 
     def _send(self, seq, step) -> None:
         if step.text:
@@ -294,30 +323,22 @@ class Batch:
 def serve_requests(engine, conn, worker_id: int) -> None:
     """Block while idle; while generating, read the pipe between decode steps without blocking.
 
-    New requests join the running batch after their prefill; a Cancel ends its request
-    before the next step; Shutdown ends the loop.
+    Every message waiting in the pipe is read each loop: a Cancel ends its request before
+    the next step, Shutdown ends the loop, a Generate joins the arrivals (``Batch``).
     """
     batch = Batch(engine, conn, worker_id)
     while True:
-        inbox = [] if batch.active else [conn.recv()]
+        inbox = [] if batch.busy else [conn.recv()]
         while conn.poll():
             inbox.append(conn.recv())
         for msg in inbox:
             if isinstance(msg, Shutdown):
                 return
-            try:
-                if isinstance(msg, Cancel):
-                    batch.cancel(msg.request_id)  # one that already finished needs nothing
-                elif isinstance(msg, Generate):
-                    batch.admit(msg)
-            except (EOFError, BrokenPipeError, ConnectionResetError):
-                raise
-            except Exception as exc:  # noqa: BLE001 - one bad request must not take the worker down
-                log.exception("request %s failed", getattr(msg, "request_id", "?"))
-                batch.active.pop(getattr(msg, "request_id", None), None)
-                batch.waiting.pop(getattr(msg, "request_id", None), None)
-                reason = f"Generation failed on worker {worker_id}: {type(exc).__name__}: {exc}"
-                conn.send(Failed(msg.request_id, reason))
+            if isinstance(msg, Cancel):
+                batch.cancel(msg.request_id)  # one that already finished needs nothing
+            elif isinstance(msg, Generate):
+                batch.arrived.append(msg)
+        batch.admit_next()
         if batch.active:
             try:
                 batch.step()
