@@ -59,6 +59,9 @@ def test_kept_caches_make_way_and_live_replies_stay_within_the_budget(tiny_qwen,
     assert not engine.fits(need)  # two live replies would exceed the budget: the second must wait
     engine.finish(running)
     assert engine.fits(need)
+    failed = engine.begin(ids, GREEDY, "user:c")
+    engine.abandon(failed)  # a decode step that raised: the worker drops it, its memory comes back
+    assert engine.fits(need) and engine.conversations.committed == 0
 
 
 def test_logprobs_report_each_token_and_its_likeliest_alternatives(engine):

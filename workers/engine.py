@@ -55,7 +55,7 @@ class Sequence:
     scope: str  # whose conversation (workers.conversations)
     session_id: str | None
     budget: int  # most new tokens (Engine._budget)
-    kv_bytes: int  # KV memory committed for the prompt and the whole budget
+    kv_bytes: int  # KV memory committed for the prompt and the whole budget (0 once released)
     detok: IncrementalDetokenizer
     stop_strings: StopStrings
     history: torch.Tensor  # [<= repetition_window] recent ids, for repetition_penalty
@@ -131,7 +131,7 @@ class Engine:
             scope=scope,
             session_id=session_id,
             budget=budget,
-            kv_bytes=self.conversations.bytes_for(len(prompt_ids) + budget),
+            kv_bytes=self.kv_need(prompt_ids, params),
             detok=IncrementalDetokenizer(self.tokenizer),
             stop_strings=StopStrings(params.stop),
             history=torch.tensor(prompt_ids[-self.config.repetition_window :], dtype=torch.long),
@@ -196,12 +196,18 @@ class Engine:
             seq.reason = FinishReason.STOP
         return Step(text)
 
+    def abandon(self, seq: Sequence) -> None:
+        """Drop a sequence that failed: release its KV memory, keep nothing of it."""
+        self.conversations.release(seq.kv_bytes)
+        seq.kv_bytes, seq.cache, seq.reason = 0, None, seq.reason or FinishReason.CANCELLED
+
     def finish(self, seq: Sequence, reason: FinishReason | None = None) -> Finished:
         """End a sequence (``reason`` overrides, e.g. CANCELLED): release its memory, keep its
         cache for the conversation's next turn, report metrics."""
         reason = reason or seq.reason or FinishReason.CANCELLED
         seq.reason = reason
         self.conversations.release(seq.kv_bytes)
+        seq.kv_bytes = 0  # released once, whatever happens next
         in_cache = (seq.prompt_ids + seq.generated)[: seq.cache.length]
         self.conversations.keep(seq.scope, seq.session_id, in_cache, seq.cache)  # a stopped turn's is useful too
         n = len(seq.generated)

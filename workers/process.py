@@ -262,7 +262,8 @@ class Batch:
             raise
         except Exception as exc:  # noqa: BLE001 - one bad request must not take the worker down
             log.exception("request %s failed", req.request_id)
-            self.active.pop(req.request_id, None)
+            if (seq := self.active.pop(req.request_id, None)) is not None:
+                self.engine.abandon(seq)
             self.waiting.pop(req.request_id, None)
             self.conn.send(Failed(req.request_id, f"Generation failed on worker {self.worker_id}: "
                                                   f"{type(exc).__name__}: {exc}"))
@@ -280,7 +281,8 @@ class Batch:
 
     def fail_all(self, message: str) -> None:
         for rid in [*self.active, *self.waiting, *(r.request_id for r in self.arrived)]:
-            self.active.pop(rid, None)
+            if (seq := self.active.pop(rid, None)) is not None:
+                self.engine.abandon(seq)  # its memory is free for the next ones
             self.waiting.pop(rid, None)
             self.conn.send(Failed(rid, message))
         self.arrived.clear()
