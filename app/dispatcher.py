@@ -183,9 +183,10 @@ class Dispatcher:
     def _on_exit(self, worker_id: int, code: int | None) -> None:
         worker = self._by_id[worker_id]
         worker.state = WorkerState.DEAD
+        code_text = "unknown" if code is None else code  # a Ray actor's is not known
         for request_id in sorted(worker.active):
             self._deliver(Failed(request_id, f"The worker generating this reply stopped "
-                                 f"unexpectedly (exit code {'unknown' if code is None else code}). It is being restarted; "
+                                 f"unexpectedly (exit code {code_text}). It is being restarted; "
                                  f"please send your message again.", ErrorCode.UNAVAILABLE))
         worker.active.clear()
         worker.progress.clear()

@@ -53,6 +53,12 @@ def respawn_delay(crashes_in_a_row: int) -> float:
     return min(RESPAWN_MAX_DELAY_S, RESPAWN_BASE_DELAY_S * 2 ** max(0, crashes_in_a_row - 1))
 
 
+def count_death(worker) -> None:
+    """A worker (process or actor) died: one that had sent ``Ready`` starts its backoff over,
+    one that had not adds to it (``respawn_delay``)."""
+    worker.crashes_in_a_row = 1 if worker.loaded else worker.crashes_in_a_row + 1
+
+
 def call_soon(loop: asyncio.AbstractEventLoop | None, fn: Callable, *args) -> None:
     """Run ``fn`` on ``loop``'s thread from any thread; once the loop has closed (the server
     stopped meanwhile) there is nobody left to tell, so nothing happens."""
@@ -175,7 +181,7 @@ class ProcessPool:
         if conn is not worker.conn:  # a stale reader of an already replaced process
             return
         worker.outbox.put(None)
-        worker.crashes_in_a_row = 1 if worker.loaded else worker.crashes_in_a_row + 1
+        count_death(worker)
         self._on_exit(worker.id, code)
         if self._stopping:
             return

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from app.pool import SHUTDOWN_GRACE_S, call_soon, respawn_delay
+from app.pool import SHUTDOWN_GRACE_S, call_soon, count_death, respawn_delay
 from app.ray_place import RayNode, place
 from workers.cores import WorkerLayout, physical_cores
 from workers.errors import ConfigError
@@ -216,7 +216,7 @@ class RayPool:
             return
         worker.outbox.put(None)
         self._kill(actor)
-        worker.crashes_in_a_row = 1 if worker.loaded else worker.crashes_in_a_row + 1
+        count_death(worker)
         self._on_exit(worker.id, code)
         if self._stopping:
             return

@@ -78,8 +78,10 @@ class Conversations:
 
     # caches ----------------------------------------------------------------------------
 
-    def lookup(self, scope: str, session_id: str | None, prompt_ids: list[int]) -> tuple[object, int]:
-        """A cache for ``prompt_ids`` holding its longest kept prefix in ``scope``, and that length."""
+    def lookup(self, scope: str, session_id: str | None, prompt_ids: list[int], capacity: int = 0,
+               ) -> tuple[object, int]:
+        """A cache for ``prompt_ids`` holding its longest kept prefix in ``scope``, and that
+        length; a copy is made with room for ``capacity`` tokens."""
         best, best_len = None, 0
         for kept in self.kept if scope else ():
             if kept.scope != scope:
@@ -96,7 +98,7 @@ class Conversations:
             self.kept.remove(best)
             best.cache.truncate(common)
             return best.cache, common
-        return best.cache.copy_prefix(common), common  # another conversation's: leave it whole
+        return best.cache.copy_prefix(common, capacity), common  # another conversation's: leave it whole
 
     def keep(self, scope: str, session_id: str | None, ids: list[int], cache) -> None:
         """Keep a finished turn's cache (most recently used), within what the budget leaves over;

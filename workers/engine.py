@@ -138,7 +138,7 @@ class Engine:
             generator=torch.Generator().manual_seed(params.seed) if params.seed is not None else None,
         )
         self.conversations.commit(seq.kv_bytes)
-        seq.cache, seq.cached = self.conversations.lookup(scope, session_id, seq.prompt_ids)
+        seq.cache, seq.cached = self.conversations.lookup(scope, session_id, seq.prompt_ids, len(prompt_ids) + budget)
         if seq.budget == 0:
             seq.reason = FinishReason.LENGTH
         else:

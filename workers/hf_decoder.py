@@ -25,7 +25,7 @@ class HFCache:
     def reserve(self, total: int) -> None:
         """transformers' cache grows by itself."""
 
-    def copy_prefix(self, length: int) -> HFCache:
+    def copy_prefix(self, length: int, capacity: int = 0) -> HFCache:  # transformers' cache grows by itself
         copy = HFCache.__new__(HFCache)
         copy.inner, copy.length = deepcopy(self.inner), self.length
         copy.truncate(length)

@@ -156,9 +156,10 @@ class KVCache:
         """Forget everything after ``length`` tokens (positions are simply overwritten later)."""
         self.length = min(self.length, length)
 
-    def copy_prefix(self, length: int) -> KVCache:
-        """A new cache holding the first ``length`` tokens of this one (this one is unchanged)."""
-        copy = KVCache(self.args, self.dtype, capacity=max(length, 1))
+    def copy_prefix(self, length: int, capacity: int = 0) -> KVCache:
+        """A new cache holding the first ``length`` tokens of this one (this one is unchanged),
+        with room for ``capacity`` (so the caller's ``reserve`` copies nothing again)."""
+        copy = KVCache(self.args, self.dtype, capacity=max(length, capacity, 1))
         copy.k[:, :, :length] = self.k[:, :, :length]
         copy.v[:, :, :length] = self.v[:, :, :length]
         copy.length = length

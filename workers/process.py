@@ -210,21 +210,10 @@ class Batch:
             self.conn.send(Notice(rid, f"The conversation is longer than the context window: its oldest "
                                        f"{prompt.dropped_turns} messages were left out of this reply's prompt."))
         self.waiting[rid] = Admitted(req, prompt.ids, need)
-        self._start_waiting()
+        self._settle()
         if rid in self.waiting:
             self.conn.send(Notice(rid, "This worker's memory for conversations is full: your reply starts as "
                                        "soon as another one ends."))
-
-    def _start_waiting(self) -> None:
-        """Start waiting requests in arrival order while their KV memory fits."""
-        while self.waiting:
-            rid, admitted = next(iter(self.waiting.items()))
-            if not self.engine.fits(admitted.kv_bytes):
-                return
-            del self.waiting[rid]
-            req = admitted.request
-            self.active[rid] = self.engine.begin(admitted.prompt_ids, req.params, req.scope, req.session_id, key=rid)
-        self._finish_done()  # a prompt that leaves no room for a reply ends here
 
     def step(self) -> None:
         """One decode step for the prefilled requests, then one prefill chunk for the oldest
@@ -245,7 +234,7 @@ class Batch:
                 self.chunk.update(size, time.perf_counter() - started)
             if first is not None:
                 self._send(prefilling, first)
-        self._finish_done()
+        self._settle()
 
     @property
     def busy(self) -> bool:
@@ -275,7 +264,7 @@ class Batch:
             self.conn.send(Done(rid, FinishReason.CANCELLED, Metrics(worker=self.worker_id)))
         elif rid in self.active:
             self._finish(self.active.pop(rid), FinishReason.CANCELLED)
-            self._start_waiting()
+            self._settle()
         elif self.waiting.pop(rid, None) is not None:
             self.conn.send(Done(rid, FinishReason.CANCELLED, Metrics(worker=self.worker_id)))
 
@@ -298,15 +287,26 @@ class Batch:
         sent, seq.unsent_logprobs = tuple(seq.unsent_logprobs), []
         return sent
 
-    def _finish_done(self) -> None:
-        ended = False
-        for rid, seq in list(self.active.items()):
-            if seq.reason is not None:
-                del self.active[rid]
-                self._finish(seq)
-                ended = True
-        if ended:
-            self._start_waiting()
+    def _settle(self) -> None:
+        """End the requests that are done, then start waiting ones, in arrival order, while
+        their KV memory fits; again while a start ends at once (a prompt that leaves no room
+        for a reply)."""
+        while True:
+            for rid, seq in list(self.active.items()):
+                if seq.reason is not None:
+                    del self.active[rid]
+                    self._finish(seq)
+            started = False
+            while self.waiting:
+                rid, admitted = next(iter(self.waiting.items()))
+                if not self.engine.fits(admitted.kv_bytes):
+                    break
+                del self.waiting[rid]
+                req, started = admitted.request, True
+                self.active[rid] = self.engine.begin(admitted.prompt_ids, req.params, req.scope, req.session_id,
+                                                     key=rid)
+            if not started:
+                return
 
     def _finish(self, seq, reason: FinishReason | None = None) -> None:
         """Send the request's last text and its ``Done``; a request always gets a final message."""
