@@ -66,9 +66,13 @@ class Conversations:
         (least recently used first) to make room; nothing is evicted when it cannot fit."""
         if self.committed + need > self.budget_bytes:
             return False
+        self._evict(need)
+        return True
+
+    def _evict(self, need: int = 0) -> None:
+        """Forget kept caches, least recently used first, until ``need`` more bytes fit."""
         while self.kept and self.committed + need + self.kept_bytes > self.budget_bytes:
             self.kept.pop(0)
-        return True
 
     def commit(self, need: int) -> None:
         self.committed += need
@@ -106,5 +110,4 @@ class Conversations:
         if not scope:
             return
         self.kept.append(Kept(scope, session_id, ids, cache))
-        while self.kept and self.committed + self.kept_bytes > self.budget_bytes:
-            self.kept.pop(0)
+        self._evict()
