@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.asks import CAPITAL
 from tests.e2e import ROOT, running_app
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -161,7 +162,7 @@ def test_a_waiting_user_sees_their_place_in_line_then_gets_an_answer_with_stats(
         readers = [first.iter_lines(), second.iter_lines()]
         for lines in readers:  # both workers are generating once content arrives
             first_content(lines)
-        send(page, "What is the capital of France?")
+        send(page, CAPITAL)
         waiting = wait_for(lambda: "in line" in last_reply(page) and last_reply(page), timeout_s=10)
         assert "you are number 1 in line" in waiting
         panel = page.locator("#worker-panel")

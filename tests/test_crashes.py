@@ -11,6 +11,7 @@ import pytest
 
 from app.dispatcher import ModelSource, Queued, WorkerState
 from app.pool import respawn_delay
+from tests.asks import CAPITAL
 from tests.pool import Pool, ask, wait_ready
 from workers.protocol import ChatMessage, Chunk, Done, ErrorCode, Failed, SamplingParams
 
@@ -54,7 +55,7 @@ def test_sigkill_mid_stream_fails_that_request_only_and_the_worker_comes_back(po
         victim = next(w for w in d.workers if w.state is WorkerState.BUSY)
         survivor_task = asyncio.create_task(request("survivor", "Tell me about the sea.", SHORT))
         await asyncio.sleep(0.2)
-        queued_task = asyncio.create_task(request("queued", "What is the capital of France?", SHORT))
+        queued_task = asyncio.create_task(request("queued", CAPITAL, SHORT))
         await asyncio.sleep(0.2)
         old_pid = victim.pid
         killed_at = time.monotonic()
@@ -72,7 +73,7 @@ def test_sigkill_mid_stream_fails_that_request_only_and_the_worker_comes_back(po
     assert isinstance(results["survivor"][1], Done)
     assert isinstance(results["queued"][1], Done) and "Paris" in results["queued"][0]
     assert victim.pid != old_pid and victim.restarts == 1 and victim.state is WorkerState.IDLE
-    reply, done = pool.run(ask(pool.dispatcher, "What is the capital of France?", SHORT))
+    reply, done = pool.run(ask(pool.dispatcher, CAPITAL, SHORT))
     assert isinstance(done, Done) and "Paris" in reply
 
 

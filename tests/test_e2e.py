@@ -10,6 +10,7 @@ import pytest
 from gradio_client import Client
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.asks import CAPITAL
 from tests.e2e import running_app, wait_gone
 
 GREEDY_UI = dict(system="", temperature=0.0, top_p=1.0, top_k=0, repetition_penalty=1.0, max_new_tokens=64)
@@ -43,7 +44,7 @@ def test_page_names_the_model_and_why(app):
 
 def test_gradio_client_streams_a_reply(app):
     client = Client(app.url + "/", verbose=False)
-    job = client.submit("What is the capital of France?", *GREEDY_UI.values(), api_name="/chat")
+    job = client.submit(CAPITAL, *GREEDY_UI.values(), api_name="/chat")
     outputs = list(job)
     assert len(outputs) > 2, "the reply should arrive in several streamed updates"
     assert "Paris" in outputs[-1]
@@ -55,7 +56,7 @@ def test_openai_sdk_streams_with_usage_and_metrics(app):
     client = openai.OpenAI(base_url=app.url + "/v1", api_key="unused")
     assert client.models.list().data[0].id.startswith("SmolLM2")
     chunks = list(client.chat.completions.create(
-        model="any", messages=[{"role": "user", "content": "What is the capital of France?"}],
+        model="any", messages=[{"role": "user", "content": CAPITAL}],
         stream=True, temperature=0.0, max_tokens=48,
     ))
     text = "".join(c.choices[0].delta.content or "" for c in chunks)
@@ -71,7 +72,7 @@ def test_openai_sdk_streams_with_usage_and_metrics(app):
 def test_openai_non_stream_and_bad_input(app):
     client = openai.OpenAI(base_url=app.url + "/v1", api_key="unused")
     reply = client.chat.completions.create(
-        model="any", messages=[{"role": "user", "content": "What is the capital of France?"}], temperature=0.0,
+        model="any", messages=[{"role": "user", "content": CAPITAL}], temperature=0.0,
     )
     assert "Paris" in reply.choices[0].message.content
     assert reply.model_extra["metrics"]["prompt_tokens"] == reply.usage.prompt_tokens
@@ -151,7 +152,7 @@ def scrape(app) -> dict[str, float]:
 
 def test_metrics_count_requests_tokens_and_cached_prompt_tokens(app):
     before = scrape(app)
-    question = {"role": "user", "content": "What is the capital of France?"}
+    question = {"role": "user", "content": CAPITAL}
     first = httpx.post(app.url + "/v1/chat/completions", timeout=120, json={
         "messages": [question], "temperature": 0, "max_tokens": 32}).json()
     answer = {"role": "assistant", "content": first["choices"][0]["message"]["content"]}

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from app.config import load_config
+from tests.asks import CAPITAL
 from tests.generation import generate
 from workers.engine import Engine
 from workers.loader import load
@@ -127,7 +128,7 @@ def test_repetition_penalty_discourages_seen_tokens():
 
 
 def test_bundled_model_knows_the_capital_of_france(smol_engine):
-    ids = smol_engine.prompt([ChatMessage("user", "What is the capital of France?")], 32).ids
+    ids = smol_engine.prompt([ChatMessage("user", CAPITAL)], 32).ids
     text, finished = run(smol_engine, ids, SamplingParams(temperature=0.0, max_new_tokens=32))
     assert "Paris" in text
     assert finished.reason is FinishReason.STOP
@@ -143,7 +144,7 @@ def test_batched_decode_gives_each_sequence_its_own_answer(smol_engine):
     """
     params = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=24)
     prompts = [smol_engine.prompt([ChatMessage("user", q)], 24).ids for q in
-               ("What is the capital of France?", "Name three colours.", "用中文说你好。")]
+               (CAPITAL, "Name three colours.", "用中文说你好。")]
     alone = [run(smol_engine, ids, params)[0] for ids in prompts]
     started = [smol_engine.start(ids, params) for ids in prompts]
     seqs = [seq for seq, _ in started]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.asks import CAPITAL
 from tests.generation import generate
 from workers.choice import Allowed, CalibrationError, Measurement, Timing, choose
 from workers.kernels import KERNELS
@@ -87,7 +88,7 @@ def test_every_kernel_keeps_the_bundled_models_quality(name, bundled_model, cach
         same_top = (got.argmax(-1) == logits_fp32.argmax(-1)).float().mean().item()
         print(f"  prefill {path}: KL {kl:.4f} nats, greedy token agrees {same_top:.0%}")
         assert kl < 0.02 and same_top >= 0.8
-        assert "Paris" in greedy_answer(bundled_model, name, path, cache_dir, "What is the capital of France?")
+        assert "Paris" in greedy_answer(bundled_model, name, path, cache_dir, CAPITAL)
 
 
 def test_tied_embedding_is_stored_once_for_a_dense_kernel(tiny_qwen, tmp_path):

@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.asks import CAPITAL
 from tests.e2e import running_app, wait_gone
 
 REQUIRED = os.environ.get("CPU_CHAT_RAY_TESTS") == "required"  # set by scripts/test.sh: CI never skips these
@@ -112,7 +113,7 @@ def test_each_worker_is_an_actor_on_its_own_node_and_a_chat_names_it(app, cluste
         for task in Path(f"/proc/{w['pid']}/task").iterdir():
             assert os.sched_getaffinity(int(task.name)) == set(w["cores"])
             assert int((task / "stat").read_text().rsplit(")", 1)[1].split()[16]) == 0
-    reply = chat(app, "What is the capital of France?")
+    reply = chat(app, CAPITAL)
     assert "Paris" in reply["choices"][0]["message"]["content"]
     assert node_of(app, reply["metrics"]["worker"]) in nodes
     metrics = httpx.get(f"{app.url}/metrics", timeout=5).text
@@ -122,7 +123,7 @@ def test_each_worker_is_an_actor_on_its_own_node_and_a_chat_names_it(app, cluste
 def test_two_concurrent_chats_run_on_the_two_nodes(app):
     replies: list[dict] = []
     threads = [threading.Thread(target=lambda q=q: replies.append(chat(app, q, 48)))
-               for q in ("What is the capital of France?", "Name a large ocean.")]
+               for q in (CAPITAL, "Name a large ocean.")]
     for t in threads:
         t.start()
     for t in threads:
@@ -136,7 +137,7 @@ def test_a_conversation_stays_on_the_node_that_holds_its_cache(app):
         body = {"model": "any", "messages": messages, "temperature": 0.0, "max_tokens": 24, "session_id": "ray-1"}
         return httpx.post(f"{app.url}/v1/chat/completions", json=body, timeout=120).json()
 
-    history = [{"role": "user", "content": "What is the capital of France?"}]
+    history = [{"role": "user", "content": CAPITAL}]
     first = turn(history)
     history += [first["choices"][0]["message"], {"role": "user", "content": "And of Italy?"}]
     second = turn(history)
@@ -186,7 +187,7 @@ def test_sigkill_of_an_actor_fails_its_reply_only_and_a_new_actor_replaces_it(ap
     warm_start_s = initial_warm_start_s(app.log())
     print(f"back to full strength {recovered_s:.1f} s after the kill; the first start took {warm_start_s:.1f} s")
     assert recovered_s <= 1.5 * warm_start_s + 1.0  # 1.0: the backoff (0.5 s) and Ray noticing the death
-    assert "Paris" in chat(app, "What is the capital of France?")["choices"][0]["message"]["content"]
+    assert "Paris" in chat(app, CAPITAL)["choices"][0]["message"]["content"]
 
 
 def initial_warm_start_s(log: str) -> float:

@@ -15,6 +15,7 @@ import httpx
 import pytest
 from gradio_client import Client
 
+from tests.asks import CAPITAL
 from tests.e2e import running_app, wait_gone
 
 OUTPUT = Path(__file__).resolve().parent.parent / "test-output"
@@ -72,7 +73,7 @@ def test_unservable_messages_get_a_clear_status(app, content, status, says):
     r = chat(app, content)
     assert r.status_code == status, r.text
     assert says in r.text
-    assert chat(app, "What is the capital of France?", temperature=0).status_code == 200
+    assert chat(app, CAPITAL, temperature=0).status_code == 200
 
 
 @pytest.mark.parametrize("field, value", [
@@ -86,7 +87,7 @@ def test_out_of_range_sampling_is_422_naming_the_field(app, field, value):
 
 def test_control_characters_and_broken_unicode_are_cleaned(app):
     # "\ud800" (an unpaired surrogate, escaped in JSON) is what broken clients send for bad UTF-8
-    body = {"messages": [{"role": "user", "content": "What is the capital\x00\x07 of France?\ud800"}],
+    body = {"messages": [{"role": "user", "content": "Name the capital\x00\x07 of France.\ud800"}],
             "temperature": 0, "max_tokens": 32}
     r = httpx.post(app.url + "/v1/chat/completions", content=json.dumps(body), timeout=60,
                    headers={"content-type": "application/json"})
@@ -137,7 +138,7 @@ def test_long_history_drops_the_oldest_turns_and_says_so(app):
     for i in range(60):
         messages += [{"role": "user", "content": f"Tell me fact number {i} about the ocean. " * 8},
                      {"role": "assistant", "content": f"Fact {i}: the ocean is deep and wide. " * 8}]
-    messages.append({"role": "user", "content": "What is the capital of France?"})
+    messages.append({"role": "user", "content": CAPITAL})
     r = chat(app, messages=messages, temperature=0, max_tokens=32)
     assert r.status_code == 200
     assert any("oldest" in n and "left out" in n for n in r.json()["notices"])
@@ -223,7 +224,7 @@ def test_share_link_failure_is_a_warning_and_the_app_keeps_serving(private_app):
 
 def test_auth_protects_api_and_page(private_app):
     url = private_app.url
-    body = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "temperature": 0}
+    body = {"messages": [{"role": "user", "content": CAPITAL}], "temperature": 0}
     assert httpx.post(url + "/v1/chat/completions", json=body, timeout=60).status_code == 401
     assert httpx.get(url + "/v1/models", timeout=10).status_code == 401
     wrong = httpx.post(url + "/v1/chat/completions", json=body, auth=("alice", "nope"), timeout=60)

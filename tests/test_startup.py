@@ -13,6 +13,7 @@ import httpx
 import pytest
 from gradio_client import Client
 
+from tests.asks import CAPITAL
 from tests.e2e import running_app
 
 GREEDY_UI = dict(system="", temperature=0.0, top_p=1.0, top_k=0, repetition_penalty=1.0, max_new_tokens=32)
@@ -42,8 +43,8 @@ def test_requests_sent_while_workers_load_wait_in_line_then_get_answers(loading_
     assert health["ready"] is False and [w["state"] for w in health["workers"]] == ["starting", "starting"]
 
     page = Client(loading_app.url + "/", verbose=False).submit(
-        "What is the capital of France?", *GREEDY_UI.values(), api_name="/chat")
-    body = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "stream": True,
+        CAPITAL, *GREEDY_UI.values(), api_name="/chat")
+    body = {"messages": [{"role": "user", "content": CAPITAL}], "stream": True,
             "temperature": 0, "max_tokens": 32}
     with httpx.stream("POST", loading_app.url + "/v1/chat/completions", json=body, timeout=240) as r:
         lines = list(r.iter_lines())
@@ -88,7 +89,7 @@ def test_the_page_and_health_say_what_is_being_prepared_before_workers_start(tmp
         assert health["startup"]["done"] and health["model_source"] == "bundled"
         assert "1/1 workers ready" in page.predict(api_name="/panel")
         reply = httpx.post(app.url + "/v1/chat/completions", timeout=120, json={
-            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "messages": [{"role": "user", "content": CAPITAL}],
             "temperature": 0, "max_tokens": 32}).json()
         assert "Paris" in reply["choices"][0]["message"]["content"]
 

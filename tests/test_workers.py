@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from tests.asks import CAPITAL
 from tests.pool import Pool, ask
 from workers.protocol import ChatMessage, Chunk, Done, FinishReason, SamplingParams
 
@@ -24,7 +25,7 @@ def pool(bundled_source):
 
 def test_capital_of_france(pool):
     dispatcher, run = pool
-    reply, done = run(ask(dispatcher, "What is the capital of France?", GREEDY))
+    reply, done = run(ask(dispatcher, CAPITAL, GREEDY))
     assert "Paris" in reply
     assert done.finish_reason is FinishReason.STOP and done.metrics.completion_tokens > 0
 
@@ -82,7 +83,7 @@ def test_stop_frees_the_worker_and_no_more_tokens_arrive(pool):
         freed_after = time.monotonic() - stopped_at
         cancelled = [w.last_done for w in dispatcher.workers
                      if w.last_done and w.last_done.finish_reason is FinishReason.CANCELLED]
-        reply, _ = await ask(dispatcher, "What is the capital of France?", GREEDY)
+        reply, _ = await ask(dispatcher, CAPITAL, GREEDY)
         return freed_after, (t1 - t0) / (n1 - n0), cancelled, reply
 
     freed_after, per_token, cancelled, reply = run(scenario())
@@ -94,7 +95,7 @@ def test_stop_frees_the_worker_and_no_more_tokens_arrive(pool):
 
 def test_four_requests_share_two_workers_in_batches_and_keep_their_own_answers(pool):
     dispatcher, run = pool
-    prompts = ["What is the capital of France?", "Name three colours.", "Say hello in French.", "What is 2 + 2?"]
+    prompts = [CAPITAL, "Name three colours.", "Say hello in French.", "What is 2 + 2?"]
     params = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=32)
 
     async def alone():
