@@ -66,6 +66,7 @@ EN = {
     "banner_fallback": "### ⚠️ Serving **{name}**\n{reason}.",
     "thought": "Thinking",
     "thinking_now": "Thinking …",
+    "thought_stopped": "Thinking (stopped)",
 }
 
 ZH = {
@@ -109,6 +110,7 @@ ZH = {
     "banner_fallback": "### ⚠️ 正在服务 **{name}**\n{reason}。",
     "thought": "思考过程",
     "thinking_now": "思考中 …",
+    "thought_stopped": "思考过程（已停止）",
 }
 
 TABLES = {"en": EN, "zh": ZH}

@@ -8,7 +8,11 @@ again before the history is sent back to the model.
 A reasoning model's ``<think>…</think>`` is split out of the stream (``app.thinking``) and
 shown as a separate message with Gradio's ``metadata`` title: a collapsible "Thinking"
 block above the answer, open with a spinner while the model thinks, closed once it is
-done. That message is never sent back into a prompt. The "Thinking" checkbox sends
+done (or marked stopped, on Stop). That message is never sent back into a prompt.
+
+Tokens are shown at most ``UPDATE_INTERVAL_S`` apart, several to an update when they come
+faster: a small model on a fast CPU streams hundreds of tokens a second, and an update per
+token (each re-rendering the whole reply) kept the browser so busy that Stop went unclicked. The "Thinking" checkbox sends
 ``enable_thinking=False`` to the chat template, which then asks for the answer at once.
 
 Above the chat, the banner (which model, and why), the worker panel and the speed plots
@@ -56,6 +60,7 @@ from workers.protocol import (
 __all__ = ["ERROR_PREFIX", "NOTICE_PREFIX", "STATS_PREFIX", "WAITING_PREFIX", "build_ui", "history_to_messages",
            "model_words", "page_i18n"]
 
+UPDATE_INTERVAL_S = 0.05  # 20 page updates a second at most: smooth to the eye
 _NOTICE_RE = re.compile(re.escape(NOTICE_PREFIX) + r".*?</sub>\n\n", re.DOTALL)
 
 EXAMPLES = [
@@ -156,7 +161,7 @@ def build_ui(dispatcher: Dispatcher, startup: Startup, system_prompt: str,
                                      enable_thinking=None if thinking else False)
         session = request.session_hash if request else None
         scope = f"user:{request.username}" if request and request.username else f"browser:{session}"
-        reply = Reply(lang)
+        reply, shown_at = Reply(lang), 0.0
         async for event in dispatcher.stream(history_to_messages(system, history, user_text), params, scope, session):
             if isinstance(event, Queued):
                 yield waiting_text(lang, dispatcher, event.position)
@@ -164,7 +169,9 @@ def build_ui(dispatcher: Dispatcher, startup: Startup, system_prompt: str,
                 reply.notes += f"{NOTICE_PREFIX}{localize(lang, event.text)}</sub>\n\n"
             elif isinstance(event, Chunk):
                 reply.add(event.text)
-                yield reply.messages()
+                if time.monotonic() - shown_at >= UPDATE_INTERVAL_S:  # the rest goes with a later token or the end
+                    shown_at = time.monotonic()
+                    yield reply.messages()
             elif isinstance(event, Failed) and event.code is ErrorCode.BUSY:
                 raise gr.Error(localize(lang, event.message))  # nothing was said yet: a notice, not a reply
             elif isinstance(event, Failed):
@@ -216,7 +223,7 @@ def build_ui(dispatcher: Dispatcher, startup: Startup, system_prompt: str,
             gr.Checkbox(defaults.enable_thinking is not False, label=i18n("thinking"), info=i18n("thinking_info"),
                         render=False, elem_id="thinking"),
         ]
-        gr.ChatInterface(
+        chat = gr.ChatInterface(
             fn=respond,
             additional_inputs=inputs,
             additional_inputs_accordion=gr.Accordion(i18n("settings"), open=False, render=False),
@@ -226,4 +233,16 @@ def build_ui(dispatcher: Dispatcher, startup: Startup, system_prompt: str,
             api_name="chat",
             fill_height=True,
         )
+        # Stop cancels ``respond`` before it can close the reply, so a thinking block would spin on
+        chat.textbox.stop(settle_thinking, [chat.chatbot], [chat.chatbot], queue=False, api_visibility="private")
     return demo
+
+
+def settle_thinking(history: list[dict], request: gr.Request = None) -> list[dict]:
+    """After Stop: a thinking block still marked as in progress is marked as stopped."""
+    lang = request_language(request)
+    for message in history:
+        meta = message.get("metadata") or {}
+        if meta.get("status") == "pending":
+            message["metadata"] = {**meta, "status": "done", "title": text(lang, "thought_stopped")}
+    return history

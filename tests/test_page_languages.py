@@ -19,9 +19,11 @@ from tests.test_browser import (
     counter,
     last_reply,
     send,
+    set_control,
     wait_for,
 )
-from tests.thinking_model import ANSWER, THINKING
+from tests.e2e import running_app
+from tests.thinking_model import ANSWER, THINKING, build_thinking_qwen3
 from workers.prompt import encode_chat
 from workers.protocol import ChatMessage
 
@@ -124,5 +126,33 @@ def test_the_thinking_checkbox_switches_thinking_off(browser, thinking_app):
         reply = answered(page, 1)
         assert ANSWER in reply and "2 tokens" in reply  # nothing but the answer was generated
         assert page.get_by_text("Thinking", exact=True).count() == 0
+    finally:
+        context.close()
+
+
+@pytest.fixture(scope="module")
+def endless_thinker(tmp_path_factory, bundled_tokenizer):
+    """The app serving the thinking model built to think until stopped."""
+    path = build_thinking_qwen3(tmp_path_factory.mktemp("endless-thinker"), bundled_tokenizer, endless=True)
+    with running_app(tmp_path_factory.mktemp("endless-app"), "--model", str(path), "--engine", "hf",
+                     "--workers", "1", "--threads-per-worker", "1") as running:
+        yield running
+
+
+def test_stop_while_thinking_says_the_thinking_stopped(browser, endless_thinker):
+    context, page = open_page(browser, endless_thinker, "en-US")
+    try:
+        page.get_by_text("System prompt and sampling").click()
+        set_control(page, "Max new tokens", "2048")  # thinking for seconds: Stop comes well before the end
+        page.get_by_text("System prompt and sampling").click()
+        send(page, ASK)
+        in_progress = page.get_by_text("Thinking …", exact=True)
+        wait_for(lambda: in_progress.count() > 0, 30)
+        page.locator("button.stop-button").click()
+        stopped = page.get_by_text("Thinking (stopped)", exact=True)
+        wait_for(lambda: stopped.count() > 0, 5)
+        assert in_progress.count() == 0  # no block is left spinning
+        wait_for(lambda: endless_thinker.health()["workers"][0]["state"] == "idle", 5)
+        assert page.get_by_text(THINKING).count() > 0  # what it thought so far is still there to read
     finally:
         context.close()

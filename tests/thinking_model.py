@@ -12,6 +12,9 @@ of the script to the next one. Greedy or sampled at the page's temperatures, it 
 
     <think>Hmm, the capital of France</think>Paris!<|im_end|>       (thinking on)
     Paris!<|im_end|>                                                (thinking off)
+
+Built ``endless``, it thinks "Hmm, the capital of France" over and over (a long window, no
+answer) until the token limit or a Stop: a reply that is stopped mid-thought.
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_thinking_qwen3(path: Path, tokenizer) -> Path:
-    """Save the model, tokenizer and template to ``path`` (``tokenizer`` is copied, not changed)."""
+def build_thinking_qwen3(path: Path, tokenizer, endless: bool = False) -> Path:
+    """Save the model, tokenizer and template to ``path`` (``tokenizer`` is copied, not changed).
+    ``endless``: with thinking on it thinks in a loop, never answering (until the token limit)."""
     import copy
 
     import torch
@@ -56,11 +60,14 @@ def build_thinking_qwen3(path: Path, tokenizer) -> Path:
     script = [after_on, think, *thinking, end, *answer, end_of_turn]
     successor = dict(itertools.pairwise(script))
     successor[after_off] = answer[0]
+    if endless:
+        successor[thinking[-1]] = thinking[0]
     assert len(set(script)) == len(script) and after_off not in script, "the script's tokens must be unique"
 
     hidden = 64
     config = Qwen3Config(vocab_size=len(tok), hidden_size=hidden, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         max_position_embeddings=4096 if endless else 512,
                          tie_word_embeddings=False, eos_token_id=end_of_turn, bos_token_id=None)
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(config)
