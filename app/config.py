@@ -28,7 +28,8 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.t
 
 Dtype = Literal["auto", "bfloat16", "float32"]  # "auto": the measured kernel's compute dtype
 Quantize = Literal["int8", "none"]  # "int8": int8 weights allowed where measured fastest
-Engine = Literal["auto", "hf"]  # "auto": the lean decoder where the architecture allows; "hf": transformers
+Engine = Literal["auto", "hf", "ort"]  # "auto": the lean decoder where the architecture allows; "hf": transformers;
+# "ort": the whole step as one onnxruntime graph (workers.ort_decoder)
 Backend = Literal["local", "ray"]  # "ray": workers are Ray actors (requirements-ray.txt)
 LogLevel = Literal["debug", "info", "warning", "error"]
 

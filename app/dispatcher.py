@@ -80,7 +80,7 @@ class ModelSource:
 
     path: str  # a local Hugging Face-format directory
     name: str
-    weights: str | None = None  # prepared lean-decoder weights, shared by every worker; None: transformers
+    weights: str | None = None  # prepared lean-decoder weights or onnxruntime graph, shared; None: transformers
     dtype: str = "float32"  # the compute dtype (the chosen kernel's activations)
     kernel: str | None = None  # the lean decoder's linear kernel (workers.kernels)
     prefill: str | None = None  # and its prefill path

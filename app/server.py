@@ -107,6 +107,8 @@ def prepare_model(config: AppConfig, layout: WorkerLayout, startup: Startup) -> 
                           report=lambda what: startup.step(what, stages.FETCHING))
     startup.model = model
     log.info("Model: %s — %s", model.name, model.reason)
+    if config.engine == "ort":
+        return prepare_ort(config, model, startup)
     lean = config.engine != "hf" and lean_supported(model.path)
     choice = choose_kernels(config, model.path, layout, lean, startup)
     startup.kernels = choice
@@ -117,6 +119,18 @@ def prepare_model(config: AppConfig, layout: WorkerLayout, startup: Startup) -> 
     startup.step("starting the workers", stages.STARTING)
     return ModelSource(model.path, model.name, str(weights), choice.dtype, choice.decode, choice.prefill,
                        choice.summary())
+
+
+def prepare_ort(config: AppConfig, model, startup: Startup) -> ModelSource:
+    """``--engine ort``: the model built once as one onnxruntime graph (``workers.ort_decoder``)."""
+    from workers.ort_decoder import build
+
+    kernels = "onnxruntime-genai graph: int8 MatMulNBits, blocks of 32"
+    startup.step(f"building the onnxruntime graph of {model.name} (int8, once)", stages.PREPARING)
+    graph = build(model.path, Path(config.cache_dir).expanduser())
+    log.info("Kernels: %s (%s).", kernels, graph)
+    startup.step("starting the workers", stages.STARTING)
+    return ModelSource(model.path, model.name, str(graph), "float32", kernels=kernels)
 
 
 def lean_supported(model_path: str) -> bool:

@@ -5,6 +5,7 @@
 
 ``kernel`` is a ``workers.kernels`` name (with an optional "prefill" path), or "auto": the
 app's own choice, measured by ``workers.calibrate`` exactly as the server does at start-up.
+``"engine": "ort"`` runs the whole step as one onnxruntime graph (``--engine ort``).
 
 prints one JSON line: prefill ms for 64- and 512-token prompts, decode tok/s for 64 forced
 new tokens at batch 1; for the lean decoder the kernels and the matmul floor, and with
@@ -37,7 +38,7 @@ def main(spec: dict) -> dict:
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
     torch.manual_seed(0)
-    runner = HFGenerate(spec) if spec["engine"] == "hf-generate" else Lean(spec)
+    runner = {"hf-generate": HFGenerate, "lean": Lean, "ort": Ort}[spec["engine"]](spec)
     result = {"threads": torch.get_num_threads(), "prefill_ms": {}, "decode_tok_s": []}
     runner.decode(8)  # warm-up
     for length in PREFILL_LENGTHS:
@@ -45,6 +46,9 @@ def main(spec: dict) -> dict:
         runner.prefill(ids)  # warm-up at this length
         result["prefill_ms"][str(length)] = [runner.prefill(ids) * 1000 for _ in range(spec["repeats"])]
     result["decode_tok_s"] = [DECODE_TOKENS / runner.decode(DECODE_TOKENS) for _ in range(spec["repeats"])]
+    if isinstance(runner, Ort):
+        result["kernel"] = {"decode": "onnxruntime-genai graph (int8)", "prefill": "same"}
+        result["private_weight_bytes"] = runner.private_weight_bytes
     if isinstance(runner, Lean):
         result["kernel"] = runner.kernel
         result["private_weight_bytes"] = runner.private_weight_bytes
@@ -104,6 +108,40 @@ class HFGenerate:
     def decode(self, n: int) -> float:
         ids = self.torch.randint(100, 40000, (64,))
         return self._generate(ids, n + 1) - self._generate(ids, 1)
+
+
+class Ort:
+    """The whole step as one onnxruntime graph (``--engine ort``), built as the app builds it."""
+
+    def __init__(self, spec: dict) -> None:
+        import torch
+
+        from workers.loader import load
+        from workers.ort_decoder import build
+
+        self.torch = torch
+        graph = build(spec["model"], Path(spec["cache_dir"]))
+        loaded = load(spec["model"], weights=str(graph), threads=spec.get("threads") or 2)
+        self.decoder, self.private_weight_bytes = loaded.decoder, loaded.private_weight_bytes
+
+    def _cache(self, tokens: int):
+        cache = self.decoder.new_cache()
+        cache.reserve(tokens)
+        return cache
+
+    def prefill(self, ids) -> float:
+        cache = self._cache(len(ids) + 1)
+        started = time.perf_counter()
+        self.decoder.forward(ids, cache)
+        return time.perf_counter() - started
+
+    def decode(self, n: int) -> float:
+        cache = self._cache(64 + n + 1)
+        token = self.decoder.forward(self.torch.randint(100, 40000, (64,)), cache).argmax().view(1)
+        started = time.perf_counter()
+        for _ in range(n):
+            token = self.decoder.forward(token, cache).argmax().view(1)
+        return time.perf_counter() - started
 
 
 class Lean:

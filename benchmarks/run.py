@@ -40,6 +40,7 @@ ENGINES = [  # label, spec (threads None = torch's default)
     ("HF generate bf16", {"engine": "hf-generate", "dtype": "bfloat16", "threads": 2}),
     (AUTO, {"engine": "lean", "kernel": "auto", "threads": 2, "serving": True}),
     *((f"lean, {k} forced", {"engine": "lean", "kernel": k, "threads": 2}) for k in KERNEL_ROWS),
+    ("onnxruntime graph, int8 (--engine ort)", {"engine": "ort", "threads": 2}),
 ]
 CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
 

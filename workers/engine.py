@@ -142,8 +142,9 @@ class Engine:
         if seq.budget == 0:
             seq.reason = FinishReason.LENGTH
         else:
-            seq.pending = list(prompt_ids[seq.cached :])
             seq.cache.reserve(len(prompt_ids) + budget)  # now, never by copying between prefill chunks or steps
+            seq.cached = min(seq.cached, seq.cache.length)  # a cache that cannot grow in place starts empty
+            seq.pending = list(prompt_ids[seq.cached :])
         return seq
 
     @torch.no_grad()

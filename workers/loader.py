@@ -195,12 +195,14 @@ def load(path: str, dtype: str = "float32", weights: str | None = None, prefill:
     """Tokenizer and decoder for a resolved model directory.
 
     ``weights`` is a file made by ``workers.weights.prepare`` (lean decoder, memory-mapped,
-    packed for the kernel it names; ``prefill`` picks that kernel's prefill path); without
-    it the transformers model is loaded in ``dtype`` (any architecture, slower per token).
+    packed for the kernel it names; ``prefill`` picks that kernel's prefill path), or a
+    directory made by ``workers.ort_decoder.build`` (one onnxruntime graph); without it the
+    transformers model is loaded in ``dtype`` (any architecture, slower per token).
     """
     import torch
     from transformers import AutoTokenizer, GenerationConfig
 
+    from workers.ort_decoder import OrtDecoder, is_ort_model
     from workers.prompt import stop_token_ids
 
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -208,6 +210,10 @@ def load(path: str, dtype: str = "float32", weights: str | None = None, prefill:
         eos = GenerationConfig.from_pretrained(path).eos_token_id
     except OSError:  # no generation_config.json
         eos = None
+    if is_ort_model(weights):
+        before = anonymous_bytes()
+        decoder = OrtDecoder(weights, threads)
+        return Loaded(tokenizer, decoder, stop_token_ids(tokenizer, eos), max(0, anonymous_bytes() - before))
     if weights:
         from workers.model import Transformer
         from workers.weights import map_prepared
