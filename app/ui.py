@@ -8,12 +8,13 @@ again before the history is sent back to the model.
 A reasoning model's ``<think>…</think>`` is split out of the stream (``app.thinking``) and
 shown as a separate message with Gradio's ``metadata`` title: a collapsible "Thinking"
 block above the answer, open with a spinner while the model thinks, closed once it is
-done (or marked stopped, on Stop). That message is never sent back into a prompt.
+done (or marked stopped, on Stop). That message is never sent back into a prompt. The
+"Thinking" checkbox sends ``enable_thinking=False`` to the chat template, which then asks
+for the answer at once.
 
 Tokens are shown at most ``UPDATE_INTERVAL_S`` apart, several to an update when they come
 faster: a small model on a fast CPU streams hundreds of tokens a second, and an update per
-token (each re-rendering the whole reply) kept the browser so busy that Stop went unclicked. The "Thinking" checkbox sends
-``enable_thinking=False`` to the chat template, which then asks for the answer at once.
+token (each re-rendering the whole reply) kept the browser so busy that Stop went unclicked.
 
 Above the chat, the banner (which model, and why), the worker panel and the speed plots
 refresh every second: while the model is being prepared they say which step is running,

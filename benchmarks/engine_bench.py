@@ -46,7 +46,8 @@ def main(spec: dict) -> dict:
         runner.prefill(ids)  # warm-up at this length
         result["prefill_ms"][str(length)] = [runner.prefill(ids) * 1000 for _ in range(spec["repeats"])]
     result["decode_tok_s"] = [DECODE_TOKENS / runner.decode(DECODE_TOKENS) for _ in range(spec["repeats"])]
-    if isinstance(runner, Ort):
+    if isinstance(runner, Ort):  # its threads are onnxruntime's; torch's one thread only samples
+        result["threads"] = spec.get("threads") or 2
         result["kernel"] = {"decode": "onnxruntime-genai graph (int8)", "prefill": "same"}
         result["private_weight_bytes"] = runner.private_weight_bytes
     if isinstance(runner, Lean):

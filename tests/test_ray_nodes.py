@@ -73,3 +73,11 @@ def test_a_node_without_the_heads_files_prepares_them_once_for_all_its_actors(he
     assert len(results) == 2 and results[0] == results[1]
     assert results[0].weights.startswith(str(tmp_path)) and results[0].model_path.startswith(str(tmp_path))
     assert len([r for r in caplog.records if r.getMessage().startswith("Prepared ")]) == 1
+
+
+def test_a_node_without_the_heads_onnxruntime_graph_builds_its_own(head_spec, tmp_path):
+    from workers.ort_decoder import is_ort_model
+
+    ort_spec = replace(head_spec, model_path="/head-only/model", weights="/head-only/graph", kernel=None, prefill=None)
+    local = localize(ort_spec, "bundled", str(tmp_path))
+    assert local.weights.startswith(str(tmp_path)) and is_ort_model(local.weights)

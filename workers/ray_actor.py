@@ -75,11 +75,12 @@ def pin_process(cpus: tuple[int, ...], threads: int) -> tuple[int, ...]:
 def localize(spec: WorkerSpec, model: str, cache_dir: str) -> WorkerSpec:
     """The spec with paths that exist on this node: the head's, when this node sees them
     (same machine, or a shared path), else the model resolved and its weights prepared
-    here, once per node: the first actor prepares under a file lock, the others wait and
-    find the file."""
-    if Path(spec.model_path).is_dir() and (spec.weights is None or Path(spec.weights).is_file()):
+    here (the lean decoder's file, or ``--engine ort``'s graph), once per node: the first
+    actor prepares under a file lock, the others wait and find it."""
+    if Path(spec.model_path).is_dir() and (spec.weights is None or Path(spec.weights).exists()):
         return spec
     from workers.loader import resolve_model
+    from workers.ort_decoder import build
     from workers.weights import prepare
 
     cache = Path(cache_dir).expanduser()
@@ -88,7 +89,12 @@ def localize(spec: WorkerSpec, model: str, cache_dir: str) -> WorkerSpec:
         fcntl.flock(lock, fcntl.LOCK_EX)
         log.info("preparing %s on this node (the head's path %s is not here)", model, spec.model_path)
         resolved = resolve_model(model, cache)
-        weights = str(prepare(resolved.path, spec.kernel, cache)) if spec.weights else None
+        if not spec.weights:
+            weights = None
+        elif spec.kernel:  # the lean decoder's file
+            weights = str(prepare(resolved.path, spec.kernel, cache))
+        else:  # --engine ort's graph directory
+            weights = str(build(resolved.path, cache))
     return replace(spec, model_path=resolved.path, weights=weights)
 
 
