@@ -44,10 +44,10 @@ def memory_kib(pid: int) -> dict[str, int]:
 
 
 def measure_layout(tmp: Path, model: str, workers: int, threads: int, max_batch: int,
-                   concurrency: list[int], max_tokens: int, repeats: int) -> dict:
+                   concurrency: list[int], max_tokens: int, repeats: int, extra: tuple[str, ...] = ()) -> dict:
     app = start_app(tmp, "--model", model, "--workers", str(workers), "--threads-per-worker", str(threads),
                     "--max-batch", str(max_batch),
-                    "--log-level", "warning")
+                    "--log-level", "warning", *extra)
     try:
         stream_tokens(app.url, 8, 0)  # warm-up
         result = {"workers": workers, "threads": threads, "max_batch": max_batch, "aggregate_tok_s": {}}

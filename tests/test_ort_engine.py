@@ -79,6 +79,9 @@ def test_a_retry_reuses_the_cache_and_a_longer_next_turn_says_it_did_not(ort_eng
     reply, _ = generate(ort_engine, ids, GREEDY, scope="s", session_id="a")
     retry, end = generate(ort_engine, ids, GREEDY, scope="s", session_id="a")
     assert retry == reply and end.metrics.cached_prompt_tokens == len(ids) - 1  # fits the same buffer
+    kept = ort_engine.conversations.kept[-1]  # its whole buffer is resident: the budget counts all of it
+    assert kept.cache.resident_tokens == len(ids) + GREEDY.max_new_tokens > len(kept.ids)
+    assert ort_engine.conversations.kept_bytes >= ort_engine.conversations.bytes_for(kept.cache.resident_tokens)
     longer = ort_engine.prompt([*first, ChatMessage("assistant", reply), ChatMessage("user", "And of Italy?")], 24).ids
     again, end = generate(ort_engine, longer, GREEDY, scope="s", session_id="a")
     assert end.metrics.cached_prompt_tokens == 0  # outgrew its buffer: prefilled whole, and said so

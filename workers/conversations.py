@@ -32,7 +32,7 @@ class Kept:
     scope: str
     session_id: str | None
     ids: list[int]  # token ids whose keys/values are in ``cache``
-    cache: object  # the decoder's cache: .length, .truncate(n), .copy_prefix(n)
+    cache: object  # the decoder's cache: .length, .resident_tokens, .truncate(n), .copy_prefix(n)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -59,7 +59,9 @@ class Conversations:
 
     @property
     def kept_bytes(self) -> int:
-        return sum(self.bytes_for(len(k.ids)) for k in self.kept)
+        """What the kept caches hold in memory (``resident_tokens``: a buffer allocated whole
+        holds all of it, one whose pages are touched as it grows only what it has written)."""
+        return sum(self.bytes_for(k.cache.resident_tokens) for k in self.kept)
 
     def room_for(self, need: int) -> bool:
         """Whether ``need`` more bytes fit next to the live sequences, evicting kept caches

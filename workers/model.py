@@ -165,9 +165,11 @@ class KVCache:
         copy.length = length
         return copy
 
+
     @property
-    def nbytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
+    def resident_tokens(self) -> int:
+        """Tokens' worth of memory it holds: pages past ``length`` were never touched."""
+        return self.length
 
 
 class Transformer:

@@ -98,8 +98,10 @@ class OrtCache:
         return OrtCache(self.decoder, min(max(capacity, 1), self.decoder.max_seq_len))
 
     @property
-    def nbytes(self) -> int:
-        return self.capacity * self.decoder.kv_bytes_per_token
+    def resident_tokens(self) -> int:
+        """The whole buffer, once made: onnxruntime-genai zeroes it when the generator starts."""
+        return self.capacity if self.generator is not None else 0
+
 
 
 class OrtDecoder:
