@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from benchmarks import arch_shapes
-from benchmarks.run import CACHE, ROOT, _machine
+from benchmarks.run import CACHE, ROOT, _machine, save
 from benchmarks.stats import Summary
 
 PROMPT_TOKENS = 64
@@ -121,8 +121,6 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure(json.loads(args.one)) if args.one else check_logits(json.loads(args.check))))
         return 0
     machine = _machine()
-    out = ROOT / "benchmarks" / "results" / machine["cpu_class"]
-    out.mkdir(parents=True, exist_ok=True)
     from workers.loader import resolve_model
 
     tokenizer = resolve_model("bundled", CACHE).path
@@ -136,9 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name}: fp32 logits, lean vs transformers ...", flush=True)
         results.setdefault("logits_fp32", {})[name] = run_one({"model": str(path), "cache_dir": str(CACHE)}, "--check")
     report = summarize(results)
-    (out / "architectures.json").write_text(json.dumps({"raw": results, "summary": report}, indent=2))
-    (out / "architectures.md").write_text(markdown(report))
-    print(markdown(report))
+    save(machine, "architectures", {"raw": results, "summary": report}, markdown(report))
     return 0
 
 

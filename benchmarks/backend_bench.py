@@ -18,7 +18,6 @@ do: Ray may then reach only loopback, and the namespace tells this run's process
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 import time
@@ -26,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks import serve_bench
-from benchmarks.run import ROOT, _machine
+from benchmarks.run import _machine, save
 from benchmarks.stats import Summary
 from tests.e2e import start_app
 
@@ -78,8 +77,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-batch", type=int, default=4)
     args = p.parse_args(argv)
     machine = _machine()
-    out = ROOT / "benchmarks" / "results" / machine["cpu_class"]
-    out.mkdir(parents=True, exist_ok=True)
     raw: dict[str, dict[str, list[float]]] = {b: {str(s): [] for s in STREAMS} for b in BACKENDS}
     cpu: dict[str, dict[str, list[float]]] = {b: {str(s): [] for s in STREAMS} for b in BACKENDS}
     for round_ in range(args.rounds):
@@ -95,9 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu_summary = {b: {s: Summary.of(v).dict() for s, v in per.items()} for b, per in cpu.items()}
     report = {"machine": machine, "started": time.ctime(), "layout": vars(args), "raw": raw, "raw_cpu_ms": cpu,
               "summary": summary, "ray_over_local": ratio, "cpu_ms_per_token": cpu_summary}
-    (out / "backends.json").write_text(json.dumps(report, indent=2))
-    (out / "backends.md").write_text(markdown(report))
-    print(markdown(report))
+    save(machine, "backends", report, markdown(report))
     return 0
 
 

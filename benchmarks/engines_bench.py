@@ -15,14 +15,13 @@ Results go to ``benchmarks/results/<CPU class>/engines.{json,md}``.
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
 
 import httpx
 
 from benchmarks import qwen_shape, serve_bench
-from benchmarks.run import CACHE, ROOT, _machine
+from benchmarks.run import CACHE, _machine, save
 from benchmarks.stats import Summary
 from tests.e2e import start_app
 
@@ -78,11 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             "turn_ttft_ms": [Summary.of([t[i] for r in runs for t in r["turn_ttft_ms"]]).dict() for i in range(TURNS)],
         }
     report = {"machine": machine, "summary": summary, "raw": raw}
-    out = ROOT / "benchmarks" / "results" / machine["cpu_class"]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "engines.json").write_text(json.dumps(report, indent=2))
-    (out / "engines.md").write_text(markdown(report))
-    print(markdown(report))
+    save(machine, "engines", report, markdown(report))
     return 0
 
 

@@ -12,11 +12,10 @@ its own usual time per token measured alone just before (the target: longest ≤
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
 
-from benchmarks.run import ROOT, _machine
+from benchmarks.run import _machine, save
 from benchmarks.stats import Summary
 from tests.e2e import start_app
 from tests.flood import ANSWERED, REFUSED, run_flood
@@ -46,11 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         "usual_gap_ms": Summary.of([r["usual_gap_ms"] for r in runs]).dict(),
         "health_longest_ms": Summary.of([r["health_longest_ms"] for r in runs]).dict(),
     }}
-    out = ROOT / "benchmarks" / "results" / machine["cpu_class"]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "flood.json").write_text(json.dumps(report, indent=2))
-    (out / "flood.md").write_text(markdown(report))
-    print(markdown(report))
+    save(machine, "flood", report, markdown(report))
     return 0
 
 

@@ -101,6 +101,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def save(machine: dict, name: str, data: dict, text: str) -> None:
+    """``<name>.json`` and ``<name>.md`` under ``benchmarks/results/<CPU class>/``; the text printed too."""
+    out = ROOT / "benchmarks" / "results" / machine["cpu_class"]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(data, indent=2))
+    (out / f"{name}.md").write_text(text)
+    print(text)
+
+
 def _machine() -> dict:
     """The CPU model and the flags that decide which kernels are fast, and the class the
     results are filed under: the flags' own, or "<flags>-as-avx2" when torch and oneDNN were
