@@ -103,7 +103,6 @@ class OrtCache:
         return self.capacity if self.generator is not None else 0
 
 
-
 class OrtDecoder:
     """``forward``/``forward_batch`` over an onnxruntime-genai model directory (see ``build``)."""
 
@@ -120,6 +119,7 @@ class OrtDecoder:
         spec = json.loads((Path(path) / MARKER).read_text())["model"]
         d = spec["decoder"]
         self.max_seq_len = spec["context_length"]
+        # keys and values in every layer, float32: the builder's CPU graphs keep activations in fp32
         self.kv_bytes_per_token = 2 * d["num_hidden_layers"] * d["num_key_value_heads"] * d["head_size"] * 4
 
     def new_cache(self) -> OrtCache:
