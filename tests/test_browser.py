@@ -18,14 +18,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.asks import CAPITAL
+from tests.asks import CAPITAL, LONG
 from tests.e2e import ROOT, running_app
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 OUTPUT = ROOT / "test-output" / "browser"
-LONG_ASK = "Count from 1 to 500."
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(),
                                 reason="/usr/bin/chromium is missing: apt-get install chromium "
@@ -121,7 +120,7 @@ def test_tokens_stream_in_and_stop_frees_the_worker(app, page):
     page.get_by_text("System prompt and sampling").click()
     cancelled_before = counter(app, 'cpu_chat_requests_total{outcome="cancelled"}')
 
-    send(page, LONG_ASK)
+    send(page, LONG)
     lengths: list[int] = []
 
     def streamed_a_while():
@@ -147,15 +146,15 @@ def test_tokens_stream_in_and_stop_frees_the_worker(app, page):
     after = last_reply(page)
     page.screenshot(path=OUTPUT / "2-stopped.png", full_page=True)
     assert after == before, "the reply kept growing after Stop"
-    assert len(after.split()) >= 5  # several numbers had arrived (Gradio may re-render the last one)
-    assert "500" not in after.split()  # it really was cut short
+    assert len(after.split()) >= 5  # several words had arrived (Gradio may re-render the last one)
+    assert "tokens/s" not in after  # it really was cut short: a finished reply ends with its stats
     assert idle_after_s < 1.5
     assert counter(app, 'cpu_chat_requests_total{outcome="cancelled"}') == cancelled_before + 1
 
 
 def test_a_waiting_user_sees_their_place_in_line_then_gets_an_answer_with_stats(app, page):
     page.get_by_role("button", name="Clear").first.click()  # a fresh conversation
-    body = {"messages": [{"role": "user", "content": "Count from 1 to 1000."}], "stream": True,
+    body = {"messages": [{"role": "user", "content": LONG}], "stream": True,
             "max_tokens": 1000, "temperature": 0, "repetition_penalty": 1.0}
     with httpx.stream("POST", app.url + "/v1/chat/completions", json=body, timeout=60) as first, \
             httpx.stream("POST", app.url + "/v1/chat/completions", json=body, timeout=60) as second:

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from gradio_client import Client
 
-from tests.asks import CAPITAL
+from tests.asks import CAPITAL, LONG
 from tests.e2e import running_app, wait_gone
 
 OUTPUT = Path(__file__).resolve().parent.parent / "test-output"
@@ -149,7 +149,7 @@ def test_long_history_drops_the_oldest_turns_and_says_so(app):
 
 
 def test_dropped_api_connection_frees_the_worker_within_a_second(app):
-    body = {"messages": [{"role": "user", "content": "Count from 1 to 1000."}], "stream": True,
+    body = {"messages": [{"role": "user", "content": LONG}], "stream": True,
             "max_tokens": 1000, "temperature": 0, "repetition_penalty": 1.0}
     with httpx.stream("POST", app.url + "/v1/chat/completions", json=body, timeout=60) as r:
         for i, _ in enumerate(r.iter_lines()):
@@ -160,7 +160,7 @@ def test_dropped_api_connection_frees_the_worker_within_a_second(app):
 
 def test_stop_from_the_page_client_frees_the_worker_within_a_second(app):
     client = Client(app.url + "/", verbose=False)
-    job = client.submit("Count from 1 to 1000.", "", 0.0, 1.0, 0, 1.0, 1024, api_name="/chat")
+    job = client.submit(LONG, "", 0.0, 1.0, 0, 1.0, 1024, api_name="/chat")
     deadline = time.monotonic() + 60
     while len(job.outputs()) < 5 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -245,7 +245,7 @@ def test_auth_protects_api_and_page(private_app):
 
 
 def test_full_queue_answers_503_busy(private_app):
-    body = {"messages": [{"role": "user", "content": "Count from 1 to 1000."}], "stream": True,
+    body = {"messages": [{"role": "user", "content": LONG}], "stream": True,
             "max_tokens": 1000, "temperature": 0, "repetition_penalty": 1.0}
     auth = ("alice", "s3cret")
     with httpx.stream("POST", private_app.url + "/v1/chat/completions", json=body, auth=auth, timeout=60) as r:
