@@ -26,7 +26,7 @@ from pathlib import Path
 
 from benchmarks import serve_bench
 from benchmarks.run import _machine, save
-from benchmarks.stats import Summary
+from benchmarks.stats import Summary, fmt
 from tests.e2e import start_app
 
 BACKENDS = {"local": (), "ray": ("--backend", "ray", "--ray-address", "local")}
@@ -104,19 +104,16 @@ def markdown(report: dict) -> str:
               f"{layout['max_tokens']} tokens per reply; aggregate tok/s, median (min–max) of "
               f"{layout['rounds']} alternating starts × {layout['repeats']}."), "", *header]
     for backend, per in report["summary"].items():
-        lines.append(f"| {backend} | " + " | ".join(_fmt(per[str(s)]) for s in STREAMS) + " |")
+        lines.append(f"| {backend} | " + " | ".join(fmt(per[str(s)]) for s in STREAMS) + " |")
     lines.append("| ray / local | " + " | ".join(f"{report['ray_over_local'][str(s)]:.2f}" for s in STREAMS) + " |")
     cpu_title = "CPU time per generated token, ms (every process of the run: client, server, workers, Ray's own):"
     lines += ["", cpu_title, "", *header]
     for backend, per in report["cpu_ms_per_token"].items():
-        lines.append(f"| {backend} | " + " | ".join(_fmt(per[str(s)]) for s in STREAMS) + " |")
+        lines.append(f"| {backend} | " + " | ".join(fmt(per[str(s)]) for s in STREAMS) + " |")
     lines += ["", "On a shared host, tok/s flatters Ray: its processes run in a session of their own, which Linux's "
               "autogroup scheduling gives a CPU share of its own. CPU time per token does not depend on that."]
     return "\n".join(lines) + "\n"
 
-
-def _fmt(s: dict) -> str:
-    return f"{s['median']:.1f} ({s['min']:.1f}–{s['max']:.1f})"
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import httpx
 
 from benchmarks import qwen_shape, serve_bench
 from benchmarks.run import CACHE, _machine, save
-from benchmarks.stats import Summary
+from benchmarks.stats import Summary, fmt
 from tests.e2e import start_app
 
 ENGINES = {"lean (auto)": (), "onnxruntime graph (--engine ort)": ("--engine", "ort")}
@@ -88,17 +88,14 @@ def markdown(report: dict) -> str:
              "Aggregate tok/s (96 tokens per reply):", "",
              "| engine | " + " | ".join(f"{s} stream(s)" for s in STREAMS) + " |", "|---|" + "---|" * len(STREAMS)]
     for name, s in summary.items():
-        lines.append(f"| {name} | " + " | ".join(_fmt(s["aggregate_tok_s"][str(n)]) for n in STREAMS) + " |")
+        lines.append(f"| {name} | " + " | ".join(fmt(s["aggregate_tok_s"][str(n)]) for n in STREAMS) + " |")
     lines += ["", f"Time to first token (ms) of each turn, the whole history resent ({REPLY_TOKENS}-token replies):",
               "", "| engine | " + " | ".join(f"turn {i + 1}" for i in range(TURNS)) + " |",
               "|---|" + "---|" * TURNS]
     for name, s in summary.items():
-        lines.append(f"| {name} | " + " | ".join(_fmt(t) for t in s["turn_ttft_ms"]) + " |")
+        lines.append(f"| {name} | " + " | ".join(fmt(t) for t in s["turn_ttft_ms"]) + " |")
     return "\n".join(lines) + "\n"
 
-
-def _fmt(s: dict) -> str:
-    return f"{s['median']:.1f} ({s['min']:.1f}–{s['max']:.1f})"
 
 
 if __name__ == "__main__":

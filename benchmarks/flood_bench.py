@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.run import _machine, save
-from benchmarks.stats import Summary
+from benchmarks.stats import Summary, fmt
 from tests.e2e import start_app
 from tests.flood import ANSWERED, REFUSED, run_flood
 
@@ -57,8 +57,8 @@ def markdown(report: dict) -> str:
     header = ("| | chat's usual gap ms | p90 gap × usual | longest gap × usual (target ≤ 5) "
               "| /health longest ms (target ≤ 500) |")
     lines = [title, "", header, "|---|---|---|---|---|",
-             (f"| summary | {_fmt(s['usual_gap_ms'])} | {_fmt(s['p90_gap_x'])} | {_fmt(s['longest_gap_x'])} "
-             f"| {_fmt(s['health_longest_ms'])} |")]
+             (f"| summary | {fmt(s['usual_gap_ms'])} | {fmt(s['p90_gap_x'])} | {fmt(s['longest_gap_x'])} "
+             f"| {fmt(s['health_longest_ms'])} |")]
     for i, r in enumerate(runs, 1):
         lines.append(f"| repeat {i} | {r['usual_gap_ms']:.1f} | {r['p90_gap_ms'] / r['usual_gap_ms']:.1f} "
                      f"| {r['longest_gap_ms'] / r['usual_gap_ms']:.1f} | {r['health_longest_ms']:.0f} |")
@@ -67,9 +67,6 @@ def markdown(report: dict) -> str:
                   f"{'yes' if all_ended else 'NO'}.")]
     return "\n".join(lines) + "\n"
 
-
-def _fmt(s: dict) -> str:
-    return f"{s['median']:.1f} ({s['min']:.1f}–{s['max']:.1f})"
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from benchmarks import qwen_shape, serve_bench
-from benchmarks.stats import Summary
+from benchmarks.stats import Summary, fmt
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path.home() / ".cache" / "cpu-chat"
@@ -189,9 +189,6 @@ def summarize(results: dict) -> dict:
     return report
 
 
-def _fmt(s: dict) -> str:
-    return f"{s['median']:.2f} ({s['min']:.2f}–{s['max']:.2f})"
-
 
 def _kernel(r: dict) -> str:
     k = r.get("kernel")
@@ -207,23 +204,23 @@ def markdown(report: dict) -> str:
              "| config | kernels (decode / prefill) | threads | prefill 64 ms | × | prefill 512 ms | × | decode tok/s | × |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in report["engines"]:
-        lines.append(f"| {r['config']} | {_kernel(r)} | {r['threads']} | {_fmt(r['prefill_64_ms'])} | {_fmt(r['prefill_64_x'])} | "
-                     f"{_fmt(r['prefill_512_ms'])} | {_fmt(r['prefill_512_x'])} | {_fmt(r['decode_tok_s'])} | "
-                     f"{_fmt(r['decode_x'])} |")
+        lines.append(f"| {r['config']} | {_kernel(r)} | {r['threads']} | {fmt(r['prefill_64_ms'], 2)} | {fmt(r['prefill_64_x'], 2)} | "
+                     f"{fmt(r['prefill_512_ms'], 2)} | {fmt(r['prefill_512_x'], 2)} | {fmt(r['decode_tok_s'], 2)} | "
+                     f"{fmt(r['decode_x'], 2)} |")
     lines += ["", "Where a lean decode step goes (the matmuls alone vs the whole step):", "",
               "| config | weights MB/token | matmuls alone ms | = GB/s | tok/s if no overhead | overhead ms/token |",
               "|---|---|---|---|---|---|"]
     for r in report["engines"]:
         if "matmul_floor_ms" in r:
-            lines.append(f"| {r['config']} | {r['weight_mb_per_token']} | {_fmt(r['matmul_floor_ms'])} | "
+            lines.append(f"| {r['config']} | {r['weight_mb_per_token']} | {fmt(r['matmul_floor_ms'], 2)} | "
                          f"{r['weight_gb_per_s_at_floor']} | {r['matmul_floor_tok_s']} | {r['step_overhead_ms']} |")
     lean = next(r for r in report["engines"] if r["config"] == AUTO)
     c = lean["chunked_prefill"]
     lines += ["", f"Chunked prefill ({_kernel(lean)}): while a 1,000-token prompt prefills in the same worker "
                   f"(chunks of ~{c['chunk_tokens']['median']:.0f} tokens), another reply's longest gap between tokens is "
-                  f"{_fmt(c['longest_gap_ms'])} ms = {_fmt(c['longest_gap_x'])}× its usual "
-                  f"{_fmt(c['usual_ms_per_token'])} ms per token; the prompt takes {_fmt(c['prefill_chunked_ms'])} ms "
-                  f"in chunks, {_fmt(c['prefill_one_piece_ms'])} ms in one piece (the freeze there would be without chunks)."]
+                  f"{fmt(c['longest_gap_ms'], 2)} ms = {fmt(c['longest_gap_x'], 2)}× its usual "
+                  f"{fmt(c['usual_ms_per_token'], 2)} ms per token; the prompt takes {fmt(c['prefill_chunked_ms'], 2)} ms "
+                  f"in chunks, {fmt(c['prefill_one_piece_ms'], 2)} ms in one piece (the freeze there would be without chunks)."]
     private = [f"{r['config']}: {r['private_weight_mb']} MB" for r in report["engines"] if r.get("private_weight_mb")]
     lines += ["", "Packed weights each worker holds privately (kernels that cannot read the shared weights map): "
                   + ("; ".join(private) if private else "none") + "."]
@@ -231,11 +228,11 @@ def markdown(report: dict) -> str:
               "| | " + " | ".join(f"turn {i + 1}" for i in range(5)) + " | turn 5 / turn 1 |",
               "|---|" + "---|" * 6]
     for key in ("with_cache", "without_cache"):
-        cells = " | ".join(_fmt(s) for s in lean[f"turn_ttft_ms_{key}"])
-        lines.append(f"| {key.replace('_', ' ')} | {cells} | {_fmt(lean[f'turn5_over_turn1_{key}'])} |")
+        cells = " | ".join(fmt(s, 2) for s in lean[f"turn_ttft_ms_{key}"])
+        lines.append(f"| {key.replace('_', ' ')} | {cells} | {fmt(lean[f'turn5_over_turn1_{key}'], 2)} |")
     b = report["bundled"]
-    lines += ["", f"Bundled SmolLM2-135M: lean, measured choice ({_kernel(b)}) {_fmt(b['lean_auto_decode_tok_s'])} tok/s vs seeds' fp32 "
-                  f"{_fmt(b['baseline_decode_tok_s'])}: {_fmt(b['decode_x'])}×"]
+    lines += ["", f"Bundled SmolLM2-135M: lean, measured choice ({_kernel(b)}) {fmt(b['lean_auto_decode_tok_s'], 2)} tok/s vs seeds' fp32 "
+                  f"{fmt(b['baseline_decode_tok_s'], 2)}: {fmt(b['decode_x'], 2)}×"]
     if "serve" in report:
         s = report["serve"]
         lines += ["", "Through the app's API (the measured kernel choice, 64 tokens per stream), aggregate tok/s:", "",
@@ -245,13 +242,13 @@ def markdown(report: dict) -> str:
             r = s[layout]
             shape, batch = layout.split()
             lines.append(f"| {shape.replace('x', ' worker(s) × ')} thread(s), batch {batch[1:]} | " +
-                         " | ".join(_fmt(r["aggregate_tok_s"][n]) for n in ("1", "2", "4")) +
-                         f" | {_fmt(r['x_one_stream']['4'])} | {r['total_pss_mib']} | {r['total_rss_mib']} |")
-        lines += ["", f"Split layout (2×1 over 1×2, 2 streams): {_fmt(s['split_2x1_over_1x2_at_2_streams_b1'])}× "
-                      f"with one reply per worker, {_fmt(s['split_2x1_over_1x2_at_2_streams_b4'])}× with batching; "
+                         " | ".join(fmt(r["aggregate_tok_s"][n], 2) for n in ("1", "2", "4")) +
+                         f" | {fmt(r['x_one_stream']['4'], 2)} | {r['total_pss_mib']} | {r['total_rss_mib']} |")
+        lines += ["", f"Split layout (2×1 over 1×2, 2 streams): {fmt(s['split_2x1_over_1x2_at_2_streams_b1'], 2)}× "
+                      f"with one reply per worker, {fmt(s['split_2x1_over_1x2_at_2_streams_b4'], 2)}× with batching; "
                       f"memory of 2 workers over 1: {s['memory_2_workers_over_1_pss']}× (PSS), "
                       f"{s['memory_2_workers_over_1_rss']}× (RSS)",
-                  f"Warm start-up to all workers ready (bundled model): {_fmt(report['startup_s'])} s"]
+                  f"Warm start-up to all workers ready (bundled model): {fmt(report['startup_s'], 2)} s"]
     return "\n".join(lines) + "\n"
 
 

@@ -28,3 +28,8 @@ class Summary:
 
     def __str__(self) -> str:
         return f"{self.median:.2f} ({self.min:.2f}–{self.max:.2f})"
+
+
+def fmt(s: dict, digits: int = 1) -> str:
+    """A ``Summary.dict()`` as the results tables print it: "median (min–max)"."""
+    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}–{s['max']:.{digits}f})"

@@ -36,7 +36,6 @@ class HFCache:
         return self.length
 
 
-
 class HFDecoder:
     def __init__(self, model) -> None:
         self.model = model

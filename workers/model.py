@@ -165,7 +165,6 @@ class KVCache:
         copy.length = length
         return copy
 
-
     @property
     def resident_tokens(self) -> int:
         """Tokens' worth of memory it holds: pages past ``length`` were never touched."""
