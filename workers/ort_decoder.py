@@ -4,21 +4,21 @@ Why: onnxruntime's int8 ``MatMulNBits`` (MLAS, activations quantized in blocks o
 llama.cpp's q8_0) is the fastest matmul on many AVX2 CPUs, but called once per linear from
 torch it loses most of that to hand-offs between torch's and onnxruntime's thread pools
 (issue 8: 15.9 tok/s where the matmuls alone allowed ~40). onnxruntime-genai's model builder
-writes the whole model as one graph (attention as ``GroupQueryAttention`` over a KV buffer
-it owns, the norms, the int8 projections and the LM head), so a decode step is one call.
-Measured on Zen 4, 2 threads, the Qwen1.5-0.5B shape: 47 tok/s, 6.1x the seeds' fp32
-baseline in the same run, against 3.4x for the lean decoder's measured choice
-(``benchmarks/results/avx512-bf16/engines-with-ort``).
+writes the whole model as one graph (attention as ``GroupQueryAttention``, the norms, the
+int8 projections and the LM head), so a decode step is one call.
 
-What it costs against the lean decoder:
-- no batched decode: each sequence is its own generator, so B sequences in a worker take B
-  steps' time (as with ``workers.hf_decoder``);
-- a KV buffer sized when a sequence starts (``OrtCache``): the next turn of a conversation
-  outgrows it and is prefilled whole, as is a prefix another conversation shares;
-- torch only samples here, on one thread: its pool spinning beside onnxruntime's took a
-  third of the speed (30 against 47 tok/s, measured).
+The graph is run here with plain onnxruntime, not onnxruntime-genai's generator, so that the
+KV cache is ours (numpy arrays, bound in place with ``IOBinding``) and behaves as the lean
+decoder's does: a conversation's next turn grows its cache and reuses it, another
+conversation copies a shared prefix, and the replies a worker generates together are one
+batched call. ``GroupQueryAttention`` reads each sequence's own length from the attention
+mask's row sums, so sequences of different lengths share a batch: their caches are placed in
+the slots of one ``Arena`` while they decode together (moved once when the batch changes).
 
-The graph is built once per model (``build``, about 10-30 s) into the cache directory.
+``build`` also cuts the graph's LM head to the last position: the builder computes logits for
+every prompt token, which on Qwen1.5-0.5B (a 151,936-token vocabulary) cost more than the
+rest of a short prefill. Torch only samples here, on one thread: its pool spinning beside
+onnxruntime's took a third of the speed (30 against 47 tok/s, measured).
 """
 
 from __future__ import annotations
@@ -32,22 +32,25 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+import numpy as np
 import torch
 
 log = logging.getLogger("workers")
 
 BUILD_OPTIONS = ("-p", "int8", "-e", "cpu", "--extra_options", "accuracy_level=4", "block_size=32")
 MARKER = "genai_config.json"  # what makes a directory an onnxruntime-genai model
+GRAPH = "model-last.onnx"  # the builder's graph with its LM head cut to the last position
+GRAPH_VERSION = "2"  # bump when what ``build`` writes changes
 
 
 def is_ort_model(path: str | None) -> bool:
-    return bool(path) and (Path(path) / MARKER).is_file()
+    return bool(path) and (Path(path) / GRAPH).is_file()
 
 
 def build(model_path: str, cache_dir: Path) -> Path:
-    """The onnxruntime-genai model of ``model_path`` (int8 weights in blocks of 32), built once."""
+    """The onnxruntime graph of ``model_path`` (int8 weights in blocks of 32), built once."""
     config = (Path(model_path) / "config.json").read_bytes()
-    key = hashlib.sha256(config + " ".join(BUILD_OPTIONS).encode()
+    key = hashlib.sha256(config + " ".join(BUILD_OPTIONS).encode() + GRAPH_VERSION.encode()
                          + metadata.version("onnxruntime-genai").encode()).hexdigest()[:12]
     out = cache_dir / "ort-genai" / f"{Path(model_path).name}-{key}"
     if is_ort_model(str(out)):
@@ -58,69 +61,124 @@ def build(model_path: str, cache_dir: Path) -> Path:
     done = subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", model_path,
                            "-o", str(building), "-c", str(building / "hub"), *BUILD_OPTIONS],
                           capture_output=True, text=True, check=False)
-    if done.returncode != 0 or not is_ort_model(str(building)):
+    if done.returncode != 0 or not (building / MARKER).is_file():
         raise RuntimeError(f"onnxruntime-genai could not build {model_path}: {done.stderr.strip()[-2000:]}")
     shutil.rmtree(building / "hub", ignore_errors=True)
+    _logits_of_last_position(building)
     building.rename(out)
     return out
 
 
+def _logits_of_last_position(path: Path) -> None:
+    """Write ``GRAPH``: the builder's graph with a Slice of the last position before the LM
+    head (the weights stay in the builder's external data file, untouched)."""
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(str(path / "model.onnx"), load_external_data=False)
+    graph = model.graph
+    head = next(n for n in graph.node if "logits" in n.output)
+    hidden = head.input[0]
+    consts = [helper.make_tensor(f"/last/{name}", onnx.TensorProto.INT64, [1], [value])
+              for name, value in (("starts", -1), ("ends", 2**62), ("axes", 1))]
+    graph.initializer.extend(consts)
+    graph.node.insert(list(graph.node).index(head),
+                      helper.make_node("Slice", [hidden, *(c.name for c in consts)], ["/last/hidden"], name="/last/Slice"))
+    head.input[0] = "/last/hidden"
+    logits = next(o for o in graph.output if o.name == "logits")
+    logits.type.tensor_type.shape.dim[1].ClearField("dim_param")
+    logits.type.tensor_type.shape.dim[1].dim_value = 1
+    onnx.save(model, str(path / GRAPH))
+
+
 class OrtCache:
-    """One sequence: the token ids it holds and the generator whose KV buffer holds them.
+    """One sequence: the token ids it holds and their keys and values, ``kv`` of shape
+    [2, layers, 1, kv heads, capacity, head size], float32 (the builder's CPU graphs keep
+    activations in fp32). ``kv`` is the cache's own array, or its slot in an ``Arena`` while
+    it decodes in a batch. Allocated with ``np.empty``: pages past ``length`` are not touched."""
 
-    The buffer is allocated (and zeroed: resident) whole when the generator is made, so it is
-    sized to what the engine reserves, prompt and reply budget, as the KV budget counts it.
-    onnxruntime-genai cannot copy or grow a buffer: a cache asked to grow, or to copy a
-    prefix, starts empty, and the engine prefills the whole prompt (and says so: no cached
-    tokens). A retry of the same turn fits and is reused."""
-
-    def __init__(self, decoder: OrtDecoder, capacity: int = 0) -> None:
+    def __init__(self, decoder: OrtDecoder, capacity: int = 256) -> None:
         self.decoder = decoder
-        self.ids: list[int] = []  # the tokens whose keys and values are in the generator
-        self.generator = None  # made at the first forward, with ``capacity``
-        self.capacity = capacity
+        self.ids: list[int] = []
+        self.kv = decoder.empty_kv(1, capacity)[:, :, 0:1]
+        self.arena: Arena | None = None
+        self.slot = 0
 
     @property
     def length(self) -> int:
         return len(self.ids)
 
-    def reserve(self, total: int) -> None:
-        if total > self.capacity:
-            self.ids, self.generator, self.capacity = [], None, min(total, self.decoder.max_seq_len)
-
-    def truncate(self, length: int) -> None:
-        if length < len(self.ids):
-            del self.ids[length:]
-            self.generator.rewind_to(length)
-
-    def copy_prefix(self, length: int, capacity: int = 0) -> OrtCache:
-        """An empty cache with room for ``capacity``: a KV buffer cannot be copied here."""
-        return OrtCache(self.decoder, min(max(capacity, 1), self.decoder.max_seq_len))
+    @property
+    def capacity(self) -> int:
+        return self.kv.shape[4]
 
     @property
     def resident_tokens(self) -> int:
-        """The whole buffer, once made: onnxruntime-genai zeroes it when the generator starts."""
-        return self.capacity if self.generator is not None else 0
+        return self.length
+
+    def reserve(self, total: int) -> None:
+        if total > self.capacity:
+            self.move_to(self.decoder.empty_kv(1, max(total, min(2 * self.capacity, self.decoder.max_seq_len))), 0)
+
+    def truncate(self, length: int) -> None:
+        """Forget everything after ``length`` tokens (the attention mask stops there)."""
+        del self.ids[length:]
+
+    def copy_prefix(self, length: int, capacity: int = 0) -> OrtCache:
+        """A new cache holding the first ``length`` tokens of this one (this one is unchanged)."""
+        copy = OrtCache(self.decoder, max(length, capacity, 1))
+        copy.kv[..., :length, :] = self.kv[..., :length, :]
+        copy.ids = self.ids[:length]
+        return copy
+
+    def move_to(self, kv: np.ndarray, slot: int, arena: Arena | None = None) -> None:
+        """Copy what is cached into ``kv``'s ``slot`` and live there from now on."""
+        dest = kv[:, :, slot : slot + 1]
+        dest[..., : self.length, :] = self.kv[..., : self.length, :]
+        self.kv, self.arena, self.slot = dest, arena, slot
+
+
+class Arena:
+    """The caches of the sequences decoding together, one slot each in one array, so that a
+    step for all of them is one call: ``kv`` [2, layers, slots, kv heads, capacity, head size]."""
+
+    def __init__(self, decoder: OrtDecoder, caches: list[OrtCache]) -> None:
+        self.kv = decoder.empty_kv(len(caches), max(c.capacity for c in caches))
+        self.members = list(caches)
+        for slot, cache in enumerate(caches):
+            cache.move_to(self.kv, slot, self)
+
+    def holds(self, caches: list[OrtCache]) -> bool:
+        """Whether ``caches`` are exactly the first ``len(caches)`` slots (in any order)."""
+        return all(c.arena is self for c in caches) and {c.slot for c in caches} == set(range(len(caches)))
+
+    def release(self, keep: list[OrtCache]) -> None:
+        """Give every member not in ``keep`` its own array again, so this one can be freed."""
+        for cache in self.members:
+            if cache.arena is self and cache not in keep:
+                cache.move_to(cache.decoder.empty_kv(1, cache.capacity), 0)
 
 
 class OrtDecoder:
-    """``forward``/``forward_batch`` over an onnxruntime-genai model directory (see ``build``)."""
+    """``forward``/``forward_batch`` over a graph directory made by ``build``."""
 
     def __init__(self, path: str, threads: int) -> None:
-        import onnxruntime_genai as og
+        import onnxruntime as ort
 
         torch.set_num_threads(1)  # torch only samples here (see the module)
-        self.og = og
-        config = og.Config(path)
-        config.clear_providers()  # the CPU
-        config.overlay(json.dumps({"model": {"decoder": {"session_options": {
-            "intra_op_num_threads": threads, "inter_op_num_threads": 1}}}}))
-        self.model = og.Model(config)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+        self.session = ort.InferenceSession(str(Path(path) / GRAPH), options, providers=["CPUExecutionProvider"])
         spec = json.loads((Path(path) / MARKER).read_text())["model"]
         d = spec["decoder"]
         self.max_seq_len = spec["context_length"]
-        # keys and values in every layer, float32: the builder's CPU graphs keep activations in fp32
-        self.kv_bytes_per_token = 2 * d["num_hidden_layers"] * d["num_key_value_heads"] * d["head_size"] * 4
+        self.vocab = spec["vocab_size"]
+        self.layers, self.kv_heads, self.head_size = d["num_hidden_layers"], d["num_key_value_heads"], d["head_size"]
+        self.kv_bytes_per_token = 2 * self.layers * self.kv_heads * self.head_size * 4
+        self.arena: Arena | None = None
+
+    def empty_kv(self, slots: int, capacity: int) -> np.ndarray:
+        return np.empty((2, self.layers, slots, self.kv_heads, capacity, self.head_size), np.float32)
 
     def new_cache(self) -> OrtCache:
         return OrtCache(self)
@@ -130,14 +188,48 @@ class OrtDecoder:
         new = ids.tolist()
         if cache.length + len(new) > cache.capacity:
             raise ValueError(f"{cache.length + len(new)} tokens do not fit a cache reserved for {cache.capacity}")
-        if cache.generator is None:
-            params = self.og.GeneratorParams(self.model)
-            params.set_search_options(max_length=cache.capacity)
-            cache.generator = self.og.Generator(self.model, params)
-        cache.generator.append_tokens(new)
+        out = self._run(cache.kv, [new], [cache.length])
         cache.ids.extend(new)
-        return torch.from_numpy(cache.generator.get_logits()).reshape(-1).float() if logits else None
+        return out[0] if logits else None
 
     def forward_batch(self, tokens: torch.Tensor, caches: list[OrtCache]) -> torch.Tensor:
-        """One token for each sequence, tokens [B] → logits [B, V]; one graph call each."""
-        return torch.stack([self.forward(tokens[b : b + 1], cache) for b, cache in enumerate(caches)])
+        """One token for each sequence, tokens [B] → logits [B, V]: one call for the batch."""
+        if len(caches) == 1:
+            return self.forward(tokens, caches[0])[None]
+        for cache in caches:
+            if cache.length + 1 > cache.capacity:
+                raise ValueError(f"{cache.length + 1} tokens do not fit a cache reserved for {cache.capacity}")
+        if self.arena is None or not self.arena.holds(caches):
+            if self.arena is not None:
+                self.arena.release(caches)
+            self.arena = Arena(self, caches)
+        order = sorted(range(len(caches)), key=lambda i: caches[i].slot)  # slot s holds caches[order[s]]
+        new = tokens.tolist()
+        out = self._run(self.arena.kv[:, :, : len(caches)], [[new[i]] for i in order],
+                        [caches[i].length for i in order])
+        for i in order:
+            caches[i].ids.append(new[i])
+        logits = torch.empty_like(out)
+        logits[order] = out
+        return logits
+
+    def _run(self, kv: np.ndarray, new: list[list[int]], cached: list[int]) -> torch.Tensor:
+        """One call of the graph: ``new`` tokens (equal counts) after ``cached`` ones for each
+        slot of ``kv``, whose keys and values are written in place → last logits [B, V]."""
+        batch, count = len(new), len(new[0])
+        mask = np.zeros((batch, max(cached) + count), np.int64)
+        for row, n in enumerate(cached):
+            mask[row, : n + count] = 1  # GroupQueryAttention: a row's sum is its sequence's length
+        logits = np.empty((batch, 1, self.vocab), np.float32)
+        io = self.session.io_binding()
+        io.bind_cpu_input("input_ids", np.array(new, np.int64))
+        io.bind_cpu_input("attention_mask", mask)
+        shape = [batch, self.kv_heads, kv.shape[4], self.head_size]
+        for layer in range(self.layers):
+            for i, name in enumerate(("key", "value")):
+                pointer = kv[i, layer].ctypes.data  # contiguous per layer; read and written in place
+                io.bind_input(f"past_key_values.{layer}.{name}", "cpu", 0, np.float32, shape, pointer)
+                io.bind_output(f"present.{layer}.{name}", "cpu", 0, np.float32, shape, pointer)
+        io.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
+        self.session.run_with_iobinding(io)
+        return torch.from_numpy(logits[:, 0])
