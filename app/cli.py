@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kernel", help="auto: the linear kernel measured fastest on this CPU; or force one: "
                                     "fp32, bf16, fp16-fbgemm, int8pack-bf16, int8pack-fp32, int8-ort")
     p.add_argument("--engine", choices=get_args(Engine),
-                   help="auto: the lean decoder where the architecture allows; hf: transformers")
+                   help="auto: the lean decoder or the onnxruntime graph (int8), whichever is measured "
+                        "faster here; lean or ort: force one; hf: transformers (any architecture)")
     p.add_argument("--host", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int)
     p.add_argument("--share", action="store_true", default=None, help="create a public Gradio share link")

@@ -28,8 +28,7 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.t
 
 Dtype = Literal["auto", "bfloat16", "float32"]  # "auto": the measured kernel's compute dtype
 Quantize = Literal["int8", "none"]  # "int8": int8 weights allowed where measured fastest
-Engine = Literal["auto", "hf", "ort"]  # "auto": the lean decoder where the architecture allows; "hf": transformers;
-# "ort": the whole step as one onnxruntime graph (workers.ort_decoder)
+Engine = Literal["auto", "lean", "ort", "hf"]  # "auto": lean or ort, measured; "hf": transformers (any model)
 Backend = Literal["local", "ray"]  # "ray": workers are Ray actors (requirements-ray.txt)
 LogLevel = Literal["debug", "info", "warning", "error"]
 

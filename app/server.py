@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import secrets
 import threading
@@ -100,15 +101,18 @@ def build_dispatcher(config: AppConfig) -> Dispatcher:
 
 def prepare_model(config: AppConfig, layout: WorkerLayout, startup: Startup) -> ModelSource:
     """The slow part of start-up, run in a background thread: resolve (maybe download or
-    convert) the model, measure the kernels, then prepare the weights file for the chosen
-    one, telling ``startup`` each stage."""
+    convert) the model, measure the kernels, prepare the weights file for the chosen one,
+    and (``--engine auto``) measure the lean decoder against the onnxruntime graph, telling
+    ``startup`` each stage."""
     startup.step(f"finding {config.model}", stages.RESOLVING)
     model = resolve_model(config.model, Path(config.cache_dir).expanduser(), config.hub_timeout_s,
                           report=lambda what: startup.step(what, stages.FETCHING))
     startup.model = model
     log.info("Model: %s — %s", model.name, model.reason)
     if config.engine == "ort":
-        return prepare_ort(config, model, startup)
+        source = prepare_ort(config, model, startup)
+        startup.step("starting the workers", stages.STARTING)
+        return source
     lean = config.engine != "hf" and lean_supported(model.path)
     choice = choose_kernels(config, model.path, layout, lean, startup)
     startup.kernels = choice
@@ -116,20 +120,48 @@ def prepare_model(config: AppConfig, layout: WorkerLayout, startup: Startup) -> 
         return ModelSource(model.path, model.name, dtype=choice.dtype, kernels=f"transformers, {choice.dtype}")
     startup.step(f"preparing the weights of {model.name} for {choice.decode}", stages.PREPARING)
     weights = prepare(model.path, choice.decode, Path(config.cache_dir).expanduser())
+    source = ModelSource(model.path, model.name, str(weights), choice.dtype, choice.decode, choice.prefill,
+                         choice.summary())
+    if config.engine == "auto" and config.quantize == "int8" and config.dtype == "auto" and config.kernel == "auto":
+        source = choose_engine(config, source, layout, startup)
     startup.step("starting the workers", stages.STARTING)
-    return ModelSource(model.path, model.name, str(weights), choice.dtype, choice.decode, choice.prefill,
-                       choice.summary())
+    return source
+
+
+def choose_engine(config: AppConfig, lean: ModelSource, layout: WorkerLayout, startup: Startup) -> ModelSource:
+    """The lean decoder or the onnxruntime graph, whichever serves a typical turn faster here
+    (``workers.engine_choice``: measured once per machine and model, cached). The graph is a
+    candidate only where its model builder supports the architecture; if it cannot be built
+    or measured, the lean decoder serves, as it would without it."""
+    from workers import engine_choice
+    from workers.engine_choice import Candidate
+
+    try:
+        ort = prepare_ort(config, startup.model, startup)
+        startup.step("measuring which engine is fastest on this CPU (once per CPU and model)", stages.MEASURING)
+        timings = engine_choice.measure({
+            "lean": Candidate(lean.path, lean.weights, lean.dtype, lean.kernel, lean.prefill),
+            "ort": Candidate(ort.path, ort.weights, ort.dtype),
+        }, layout, config.max_batch, Path(config.cache_dir).expanduser())
+    except RuntimeError as exc:
+        log.warning("The onnxruntime graph is not a candidate (%s); serving on the lean decoder.", exc)
+        return lean
+    engine = engine_choice.pick(timings)
+    log.info("Engines measured: %s; serving on %s.",
+             "; ".join(f"{name}: {t.summary()}" for name, t in timings.items()), engine)
+    chosen = ort if engine == "ort" else lean
+    return dataclasses.replace(chosen, kernels=f"{chosen.kernels}; engine measured fastest: "
+                                               f"{timings[engine].summary()}")
 
 
 def prepare_ort(config: AppConfig, model, startup: Startup) -> ModelSource:
-    """``--engine ort``: the model built once as one onnxruntime graph (``workers.ort_decoder``)."""
+    """The model built once as one onnxruntime graph (``workers.ort_decoder``)."""
     from workers.ort_decoder import build
 
-    kernels = "onnxruntime-genai graph: int8 MatMulNBits, blocks of 32"
+    kernels = "onnxruntime graph: int8 MatMulNBits, blocks of 32"
     startup.step(f"building the onnxruntime graph of {model.name} (int8, once)", stages.PREPARING)
     graph = build(model.path, Path(config.cache_dir).expanduser())
-    log.info("Kernels: %s (%s).", kernels, graph)
-    startup.step("starting the workers", stages.STARTING)
+    log.info("onnxruntime graph: %s (%s).", kernels, graph)
     return ModelSource(model.path, model.name, str(graph), "float32", kernels=kernels)
 
 

@@ -41,9 +41,12 @@ def measure(spec: dict) -> dict:
     """Every engine on one model, in this one process, their runs alternating (lean, bf16,
     fp32, lean, …): on a shared machine whatever else runs then slows all of them alike."""
     os.environ["OMP_NUM_THREADS"] = str(THREADS)  # before torch loads
-    from benchmarks.engine_bench import resolve_kernel
+    from benchmarks.app_choice import app_choice
+    from workers.kernels import set_thread_env
 
-    kernel = resolve_kernel({**spec, "kernel": "auto", "threads": THREADS})  # the app's choice, measured here
+    kernel = app_choice({"model": spec["model"], "cache_dir": spec["cache_dir"], "threads": THREADS,
+                         "engine": "lean"})  # the app's own kernel choice, measured here
+    set_thread_env(kernel["kernel"])  # before torch loads
     import torch
 
     from workers.loader import load

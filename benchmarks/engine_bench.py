@@ -4,11 +4,13 @@
                                         "threads": 2, "repeats": 3}'
 
 ``kernel`` is a ``workers.kernels`` name (with an optional "prefill" path), or "auto": the
-app's own choice, measured by ``workers.calibrate`` exactly as the server does at start-up.
-``"engine": "ort"`` runs the whole step as one onnxruntime graph (``--engine ort``).
+app's own kernel choice. ``"engine": "ort"`` runs the whole step as one onnxruntime graph
+(``--engine ort``); ``"engine": "auto"`` runs whatever the app itself picks here (its
+measured kernel on the lean decoder, or the graph). Both choices are the server's own,
+``app.server.prepare_model`` (``benchmarks.app_choice``).
 
 prints one JSON line: prefill ms for 64- and 512-token prompts, decode tok/s for 64 forced
-new tokens at batch 1; for the lean decoder the kernels and the matmul floor, and with
+new tokens at batch 1, the kernels; for the lean decoder the matmul floor; and with
 ``"serving": true`` the TTFT of each turn of a 5-turn conversation with and without the
 conversation KV cache, and the chunked-prefill gap.
 """
@@ -21,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.app_choice import app_choice
+
 PREFILL_LENGTHS = (64, 512)
 DECODE_TOKENS = 64
 TURNS = 5
@@ -31,26 +35,27 @@ TURN_REPLY_TOKENS = 60
 def main(spec: dict) -> dict:
     if spec.get("threads"):
         os.environ["OMP_NUM_THREADS"] = str(spec["threads"])
+    if spec["engine"] == "auto" or spec.get("kernel") == "auto":
+        spec = {**spec, **app_choice({k: spec.get(k) for k in ("model", "cache_dir", "threads", "engine")})}
     if spec["engine"] == "lean":
-        spec = {**spec, **resolve_kernel(spec)}  # before torch loads: the kernel may set OpenMP's env
+        from workers.kernels import set_thread_env
+
+        set_thread_env(spec["kernel"])  # before torch loads: the kernel may set OpenMP's env
     import torch
 
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
     torch.manual_seed(0)
     runner = {"hf-generate": HFGenerate, "lean": Lean, "ort": Ort}[spec["engine"]](spec)
-    result = {"threads": torch.get_num_threads(), "prefill_ms": {}, "decode_tok_s": []}
+    result = {"engine": spec["engine"], "threads": spec.get("threads") or torch.get_num_threads(),
+              "prefill_ms": {}, "decode_tok_s": []}
     runner.decode(8)  # warm-up
     for length in PREFILL_LENGTHS:
         ids = torch.randint(100, 40000, (length,))
         runner.prefill(ids)  # warm-up at this length
         result["prefill_ms"][str(length)] = [runner.prefill(ids) * 1000 for _ in range(spec["repeats"])]
     result["decode_tok_s"] = [DECODE_TOKENS / runner.decode(DECODE_TOKENS) for _ in range(spec["repeats"])]
-    if isinstance(runner, Ort):  # its threads are onnxruntime's; torch's one thread only samples
-        result["threads"] = spec.get("threads") or 2
-        result["kernel"] = {"decode": "onnxruntime-genai graph (int8)", "prefill": "same"}
-        result["private_weight_bytes"] = runner.private_weight_bytes
-    if isinstance(runner, Lean):
+    if isinstance(runner, Decoding):
         result["kernel"] = runner.kernel
         result["private_weight_bytes"] = runner.private_weight_bytes
         if spec.get("serving"):  # what only the app's own choice needs: turns, chunked prefill
@@ -59,31 +64,10 @@ def main(spec: dict) -> dict:
                 "with_cache": [runner.conversation(reuse=True) for _ in range(spec["repeats"])],
                 "without_cache": [runner.conversation(reuse=False) for _ in range(spec["repeats"])],
             }
+    if isinstance(runner, Lean):
         result["weight_bytes_per_token"] = runner.decoder.weight_bytes_per_token
         result["matmul_floor_ms"] = [runner.matmul_floor() * 1000 for _ in range(spec["repeats"])]
     return result
-
-
-def resolve_kernel(spec: dict) -> dict:
-    """``{"kernel", "prefill"}``: as given, or for "auto" the app's own measured choice."""
-    from workers.kernels import set_thread_env
-
-    kernel, prefill = spec.get("kernel", "auto"), spec.get("prefill")
-    if kernel == "auto":
-        from transformers import AutoConfig
-
-        from workers.calibrate import Shapes, calibrate
-        from workers.choice import Allowed, choose
-        from workers.cores import WorkerLayout
-
-        threads = spec.get("threads") or len(os.sched_getaffinity(0))
-        layout = WorkerLayout(0, tuple(sorted(os.sched_getaffinity(0))), threads)
-        measured = calibrate(spec["model"], Shapes.from_hf_config(AutoConfig.from_pretrained(spec["model"])),
-                             layout, spec.get("max_batch", 4), Path(spec["cache_dir"]))
-        choice = choose(measured, Allowed())
-        kernel, prefill = choice.decode, choice.prefill
-    set_thread_env(kernel)
-    return {"kernel": kernel, "prefill": prefill}
 
 
 class HFGenerate:
@@ -111,55 +95,12 @@ class HFGenerate:
         return self._generate(ids, n + 1) - self._generate(ids, 1)
 
 
-class Ort:
-    """The whole step as one onnxruntime graph (``--engine ort``), built as the app builds it."""
+class Decoding:
+    """What the app's engines share: a decoder with ``forward``/``new_cache``, and its tokenizer."""
 
-    def __init__(self, spec: dict) -> None:
-        import torch
-
-        from workers.loader import load
-        from workers.ort_decoder import build
-
-        self.torch = torch
-        graph = build(spec["model"], Path(spec["cache_dir"]))
-        loaded = load(spec["model"], weights=str(graph), threads=spec.get("threads") or 2)
-        self.decoder, self.private_weight_bytes = loaded.decoder, loaded.private_weight_bytes
-
-    def _cache(self, tokens: int):
-        cache = self.decoder.new_cache()
-        cache.reserve(tokens)
-        return cache
-
-    def prefill(self, ids) -> float:
-        cache = self._cache(len(ids) + 1)
-        started = time.perf_counter()
-        self.decoder.forward(ids, cache)
-        return time.perf_counter() - started
-
-    def decode(self, n: int) -> float:
-        cache = self._cache(64 + n + 1)
-        token = self.decoder.forward(self.torch.randint(100, 40000, (64,)), cache).argmax().view(1)
-        started = time.perf_counter()
-        for _ in range(n):
-            token = self.decoder.forward(token, cache).argmax().view(1)
-        return time.perf_counter() - started
-
-
-class Lean:
-    """This project's engine: the lean decoder on prepared weights."""
-
-    def __init__(self, spec: dict) -> None:
-        import torch
-
-        from workers.loader import load
-        from workers.weights import prepare
-
-        self.torch = torch
-        weights = prepare(spec["model"], spec["kernel"], Path(spec["cache_dir"]))
-        loaded = load(spec["model"], weights=str(weights), prefill=spec["prefill"], threads=torch.get_num_threads())
-        self.decoder, self.tokenizer = loaded.decoder, loaded.tokenizer
-        self.private_weight_bytes = loaded.private_weight_bytes
-        self.kernel = {"decode": spec["kernel"], "prefill": self.decoder.prefill_path}
+    decoder = tokenizer = torch = None
+    kernel: dict = {}
+    private_weight_bytes = 0
 
     def prefill(self, ids) -> float:
         cache = self.decoder.new_cache()
@@ -174,20 +115,6 @@ class Lean:
         for _ in range(n):
             token = self.decoder.forward(token, cache).argmax().view(1)
         return time.perf_counter() - started
-
-    def matmul_floor(self) -> float:
-        """Seconds for just the matmuls of one decode step: what the step would cost with zero
-        overhead, so (step time - this) is the per-token overhead left to remove."""
-        torch, d = self.torch, self.decoder
-        linears = d.linears
-        inputs = [torch.randn(1, l.in_features, dtype=d.dtype) for l in linears]
-        for lin, x in zip(linears, inputs, strict=True):
-            lin(x)
-        started = time.perf_counter()
-        for _ in range(10):
-            for lin, x in zip(linears, inputs, strict=True):
-                lin(x)
-        return (time.perf_counter() - started) / 10
 
     def chunked_prefill(self, prompt_tokens: int = 1000) -> dict:
         """One reply decoding in the worker's own batch loop when a ``prompt_tokens`` prompt
@@ -260,6 +187,54 @@ class Lean:
             history += reply
             cache.truncate(len(history) - 1)  # the last reply token was sampled, never fed
         return ttfts
+
+
+class Ort(Decoding):
+    """The whole step as one onnxruntime graph (``--engine ort``), built as the app builds it."""
+
+    def __init__(self, spec: dict) -> None:
+        import torch
+
+        from workers.loader import load
+        from workers.ort_decoder import build
+
+        self.torch = torch
+        graph = build(spec["model"], Path(spec["cache_dir"]))
+        loaded = load(spec["model"], weights=str(graph), threads=spec.get("threads") or 2)
+        self.decoder, self.tokenizer = loaded.decoder, loaded.tokenizer
+        self.private_weight_bytes = loaded.private_weight_bytes
+        self.kernel = {"decode": "onnxruntime graph (int8)", "prefill": "same"}
+
+
+class Lean(Decoding):
+    """This project's engine: the lean decoder on prepared weights."""
+
+    def __init__(self, spec: dict) -> None:
+        import torch
+
+        from workers.loader import load
+        from workers.weights import prepare
+
+        self.torch = torch
+        weights = prepare(spec["model"], spec["kernel"], Path(spec["cache_dir"]))
+        loaded = load(spec["model"], weights=str(weights), prefill=spec["prefill"], threads=torch.get_num_threads())
+        self.decoder, self.tokenizer = loaded.decoder, loaded.tokenizer
+        self.private_weight_bytes = loaded.private_weight_bytes
+        self.kernel = {"decode": spec["kernel"], "prefill": self.decoder.prefill_path}
+
+    def matmul_floor(self) -> float:
+        """Seconds for just the matmuls of one decode step: what the step would cost with zero
+        overhead, so (step time - this) is the per-token overhead left to remove."""
+        torch, d = self.torch, self.decoder
+        linears = d.linears
+        inputs = [torch.randn(1, l.in_features, dtype=d.dtype) for l in linears]
+        for lin, x in zip(linears, inputs, strict=True):
+            lin(x)
+        started = time.perf_counter()
+        for _ in range(10):
+            for lin, x in zip(linears, inputs, strict=True):
+                lin(x)
+        return (time.perf_counter() - started) / 10
 
 
 if __name__ == "__main__":

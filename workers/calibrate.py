@@ -129,13 +129,27 @@ def _load(path: Path) -> Measurement:
 
 def _measure_in_process(layout: WorkerLayout, model_path: str, shapes: Shapes, max_batch: int,
                         candidates: tuple[str, ...], passive_omp: bool) -> dict:
-    """``measure`` in a fresh process pinned and threaded like a worker."""
+    return run_pinned(layout, _measure_threaded, model_path, shapes, layout.threads, max_batch, candidates,
+                      passive_omp=passive_omp)
+
+
+def _measure_threaded(model_path: str, shapes: Shapes, threads: int, max_batch: int,
+                      candidates: tuple[str, ...]) -> dict:
+    import torch
+
+    torch.set_num_threads(threads)
+    return measure(model_path, shapes, threads, max_batch, candidates)
+
+
+def run_pinned(layout: WorkerLayout, target, *args, passive_omp: bool | None = False):
+    """``target(*args)`` in a fresh process pinned and threaded like a worker (torch not yet
+    loaded; ``passive_omp``: OpenMP threads sleep when idle, None: as ``target`` sets it)."""
     import multiprocess
 
     ctx = multiprocess.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
-    process = ctx.Process(target=_measure_pinned, daemon=True, name="kernel-calibration",
-                          args=(layout, model_path, shapes, max_batch, candidates, passive_omp, child))
+    process = ctx.Process(target=_run_pinned, daemon=True, name="calibration",
+                          args=(layout, passive_omp, target, args, child))
     process.start()
     child.close()
     try:
@@ -148,20 +162,16 @@ def _measure_in_process(layout: WorkerLayout, model_path: str, shapes: Shapes, m
     return result
 
 
-def _measure_pinned(layout: WorkerLayout, model_path: str, shapes: Shapes, max_batch: int,
-                    candidates: tuple[str, ...], passive_omp: bool, conn) -> None:
+def _run_pinned(layout: WorkerLayout, passive_omp: bool | None, target, args: tuple, conn) -> None:
     from workers.process import pin_to_cores
 
     pin_to_cores(layout)
     if passive_omp:
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     try:
-        import torch
-
-        torch.set_num_threads(layout.threads)
-        conn.send(measure(model_path, shapes, layout.threads, max_batch, candidates))
+        conn.send(target(*args))
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
-        conn.send(RuntimeError(f"kernel calibration failed: {type(exc).__name__}: {exc}"))
+        conn.send(RuntimeError(f"calibration failed: {type(exc).__name__}: {exc}"))
 
 
 def measure(model_path: str | None, shapes: Shapes, threads: int, max_batch: int,

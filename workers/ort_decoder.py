@@ -29,6 +29,7 @@ import logging
 import shutil
 import subprocess
 import sys
+import weakref
 from importlib import metadata
 from pathlib import Path
 
@@ -144,7 +145,7 @@ class Arena:
 
     def __init__(self, decoder: OrtDecoder, caches: list[OrtCache]) -> None:
         self.kv = decoder.empty_kv(len(caches), max(c.capacity for c in caches))
-        self.members = list(caches)
+        self.members = [weakref.ref(c) for c in caches]  # a cache dropped meanwhile need not move out
         for slot, cache in enumerate(caches):
             cache.move_to(self.kv, slot, self)
 
@@ -154,8 +155,8 @@ class Arena:
 
     def release(self, keep: list[OrtCache]) -> None:
         """Give every member not in ``keep`` its own array again, so this one can be freed."""
-        for cache in self.members:
-            if cache.arena is self and cache not in keep:
+        for cache in (ref() for ref in self.members):
+            if cache is not None and cache.arena is self and cache not in keep:
                 cache.move_to(cache.decoder.empty_kv(1, cache.capacity), 0)
 
 
@@ -186,8 +187,7 @@ class OrtDecoder:
     def forward(self, ids: torch.Tensor, cache: OrtCache, logits: bool = True) -> torch.Tensor | None:
         """New token ids [S] after the cached ones → logits of the last position, [V] fp32."""
         new = ids.tolist()
-        if cache.length + len(new) > cache.capacity:
-            raise ValueError(f"{cache.length + len(new)} tokens do not fit a cache reserved for {cache.capacity}")
+        cache.reserve(cache.length + len(new))  # the engine reserved it all already; others may not
         out = self._run(cache.kv, [new], [cache.length])
         cache.ids.extend(new)
         return out[0] if logits else None
@@ -197,8 +197,7 @@ class OrtDecoder:
         if len(caches) == 1:
             return self.forward(tokens, caches[0])[None]
         for cache in caches:
-            if cache.length + 1 > cache.capacity:
-                raise ValueError(f"{cache.length + 1} tokens do not fit a cache reserved for {cache.capacity}")
+            cache.reserve(cache.length + 1)  # a cache that must grow leaves the arena
         if self.arena is None or not self.arena.holds(caches):
             if self.arena is not None:
                 self.arena.release(caches)

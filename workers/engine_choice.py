@@ -1,0 +1,127 @@
+"""Which engine serves a model faster on this CPU, measured as whole steps, once, and cached.
+
+The kernel calibration (``workers.calibrate``) times single linears, and so picks the lean
+decoder's kernel. But the lean decoder and the onnxruntime graph (``workers.ort_decoder``)
+differ most in what lies between the matmuls: the lean decoder spends ~7-11 ms per step on
+small torch ops that the graph runs inside one call, and the graph's int8 ``MatMulNBits``
+is the fastest matmul on many AVX2 CPUs (issue 8). Which wins depends on the CPU, the model
+and the thread count, so both are loaded as a worker loads them, in a process pinned and
+threaded like a worker, and timed on the same work: a prefill of ``PREFILL_ROWS`` tokens, a
+decode step alone, and one for a full batch. ``pick`` weighs them as ``workers.choice``
+weighs kernels: a typical turn, half its reply decoded alone and half in a full batch.
+
+    timings = measure({"lean": lean_source, "ort": ort_source}, layout, max_batch, cache_dir)
+    engine = pick(timings)  # "lean" or "ort"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from workers.calibrate import machine_id, run_pinned
+from workers.choice import PREFILL_ROWS, TURN_PROMPT_TOKENS, TURN_REPLY_TOKENS
+from workers.cores import WorkerLayout
+
+log = logging.getLogger(__name__)
+
+VERSION = 1
+STEPS = 9  # decode steps timed at each batch size (the median counts)
+CONTEXT = 2 * PREFILL_ROWS  # what each sequence holds while its steps are timed
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An engine as a worker loads it: ``workers.loader.load``'s arguments."""
+
+    model_path: str
+    weights: str  # prepared lean weights, or an onnxruntime graph directory
+    dtype: str = "float32"
+    kernel: str | None = None  # the lean decoder's kernel (sets the thread policy it needs)
+    prefill: str | None = None
+
+
+@dataclass(frozen=True)
+class EngineTiming:
+    prefill_ms: float  # PREFILL_ROWS prompt tokens
+    step_ms: float  # one decode step, one sequence
+    batch_step_ms: float  # one decode step for ``max_batch`` sequences together
+
+    @property
+    def turn_ms(self) -> float:
+        """A typical turn: its prompt prefilled, half its reply decoded alone, half in a full batch."""
+        decode = (self.step_ms + self.batch_step_ms) / 2
+        return TURN_PROMPT_TOKENS / PREFILL_ROWS * self.prefill_ms + TURN_REPLY_TOKENS * decode
+
+    def summary(self) -> str:
+        return (f"prefill {PREFILL_ROWS} tokens {self.prefill_ms:.0f} ms, step {self.step_ms:.1f} ms, "
+                f"batch step {self.batch_step_ms:.1f} ms")
+
+
+def pick(timings: dict[str, EngineTiming]) -> str:
+    """The engine whose typical turn is fastest."""
+    return min(timings, key=lambda name: timings[name].turn_ms)
+
+
+def measure(candidates: dict[str, Candidate], layout: WorkerLayout, max_batch: int,
+            cache_dir: Path) -> dict[str, EngineTiming]:
+    """Every candidate's timing: cached per machine, model, weights, threads and batch size, else
+    measured, each in a fresh pinned process (their thread pools must not meet)."""
+    key = hashlib.sha256(json.dumps([VERSION, machine_id(layout.threads), max_batch, {
+        name: [dataclasses.asdict(c), _config_of(c.model_path)] for name, c in sorted(candidates.items())
+    }]).encode()).hexdigest()[:16]
+    path = cache_dir / "engines" / f"{key}.json"
+    if path.is_file():
+        return {name: EngineTiming(**t) for name, t in json.loads(path.read_text()).items()}
+    timings = {name: run_pinned(layout, time_engine, c, layout.threads, max_batch, passive_omp=None)
+               for name, c in candidates.items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({name: dataclasses.asdict(t) for name, t in timings.items()}, indent=1))
+    return timings
+
+
+def _config_of(model_path: str) -> str:
+    config = Path(model_path) / "config.json"
+    return hashlib.sha256(config.read_bytes()).hexdigest()[:12] if config.is_file() else model_path
+
+
+def time_engine(c: Candidate, threads: int, max_batch: int) -> EngineTiming:
+    """Load ``c`` as a worker does (in a process already pinned) and time its steps."""
+    from workers.kernels import set_thread_env
+
+    if c.kernel:
+        set_thread_env(c.kernel)
+    import torch
+
+    from workers.loader import load
+
+    torch.set_num_threads(threads)
+    decoder = load(c.model_path, c.dtype, c.weights, c.prefill, threads).decoder
+    prompt = torch.randint(10, 1000, (PREFILL_ROWS,), generator=torch.Generator().manual_seed(0))
+    total = CONTEXT + 2 * STEPS + 1  # the first sequence takes every step
+
+    def timed(run) -> float:
+        started = time.perf_counter()
+        run()
+        return (time.perf_counter() - started) * 1000
+
+    with torch.no_grad():
+        prefills, first = [], None
+        for _ in range(3):  # the first also warms the graph or kernels up
+            cache = decoder.new_cache()
+            cache.reserve(total)
+            prefills.append(timed(lambda cache=cache: decoder.forward(prompt, cache)))
+            first = first or cache
+        decoder.forward(prompt, first)  # every sequence holds CONTEXT tokens
+        caches = [first] + [first.copy_prefix(CONTEXT, total) for _ in range(max_batch - 1)]
+        token = torch.tensor([11])
+        alone = [timed(lambda: decoder.forward_batch(token, caches[:1])) for _ in range(STEPS)]
+        tokens = token.repeat(max_batch)
+        together = [timed(lambda: decoder.forward_batch(tokens, caches)) for _ in range(STEPS)]
+    return EngineTiming(statistics.median(prefills[1:]), statistics.median(alone), statistics.median(together))
