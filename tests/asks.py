@@ -8,7 +8,13 @@ phrasing below wins by 1.25 logits or more on every kernel in ``workers.kernels`
 ``LONG``: a reply that is still being written when a test stops or crowds it. Greedy, the
 model writes on to the 1,024-token limit on every kernel (measured); "Count from 1 to 500."
 (or 1000) stops itself after 121 tokens, about 2 s, which a slow moment can outlast.
+
+``LINES``: a reply of several lines, for stop strings. "Count from 1 to 10, one number per
+line." is written on one line by the onnxruntime graph at the app's repetition penalty (1.05),
+and as prose by fbgemm; this one is "1. Bananas\n2. Oranges\n3. Grapes" on every kernel and
+on the graph, with penalty 1.0 or 1.05, whole or prefilled in two pieces, on 1 or 2 threads.
 """
 
 CAPITAL = "Name the capital of France."  # greedy: "The capital of France is Paris."
 LONG = "Write a long essay about the history of the Roman Empire."  # greedy: 1,024 tokens and more
+LINES = "Name three fruits as a numbered list."  # greedy: "1. Bananas\n2. Oranges\n3. Grapes"

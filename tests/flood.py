@@ -30,9 +30,10 @@ from dataclasses import dataclass
 
 import httpx
 
+from tests.asks import LONG
 from tests.e2e import ROOT
 
-CHAT = {"messages": [{"role": "user", "content": "Count from 1 to 200, one number per line."}],
+CHAT = {"messages": [{"role": "user", "content": LONG}],
         "stream": True, "temperature": 0, "repetition_penalty": 1.0, "max_tokens": 300}
 REFUSED, ANSWERED = 10, 10  # flood requests over the body cap, and just under it
 

@@ -11,11 +11,11 @@ import pytest
 
 from app.dispatcher import ModelSource, Queued, WorkerState
 from app.pool import respawn_delay
-from tests.asks import CAPITAL
+from tests.asks import CAPITAL, LONG
 from tests.pool import Pool, ask, wait_ready
 from workers.protocol import ChatMessage, Chunk, Done, ErrorCode, Failed, SamplingParams
 
-LONG = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=300)
+LASTING = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=300)
 SHORT = SamplingParams(temperature=0.0, max_new_tokens=24)
 
 
@@ -50,7 +50,7 @@ def test_sigkill_mid_stream_fails_that_request_only_and_the_worker_comes_back(po
                     last = event
             results[name] = (reply, last, time.monotonic(), seen)
 
-        victim_task = asyncio.create_task(request("victim", "Count from 1 to 300.", LONG))
+        victim_task = asyncio.create_task(request("victim", LONG, LASTING))
         await started.wait()
         victim = next(w for w in d.workers if w.state is WorkerState.BUSY)
         survivor_task = asyncio.create_task(request("survivor", "Tell me about the sea.", SHORT))
@@ -81,7 +81,7 @@ def test_queue_is_bounded_and_tells_the_waiting_user_their_place(pool):
     d = pool.dispatcher
 
     async def scenario():
-        busy = [asyncio.create_task(ask(d, f"Count from 1 to 300, take {i}.", LONG)) for i in range(2)]
+        busy = [asyncio.create_task(ask(d, f"{LONG} Take {i}.", LASTING)) for i in range(2)]
         while sum(w.state is WorkerState.BUSY for w in d.workers) < 2:
             await asyncio.sleep(0.01)
         waiting = d.stream([ChatMessage("user", "hi")], SHORT)

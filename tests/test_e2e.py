@@ -10,7 +10,7 @@ import pytest
 from gradio_client import Client
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.asks import CAPITAL
+from tests.asks import CAPITAL, LINES
 from tests.e2e import running_app, wait_gone
 
 GREEDY_UI = dict(system="", temperature=0.0, top_p=1.0, top_k=0, repetition_penalty=1.0, max_new_tokens=64)
@@ -86,7 +86,7 @@ def test_openai_sdk_fields_are_honoured_or_refused_by_name(app):
     """What the official SDK and common frontends send: honoured, or a 400 that names it."""
     client = openai.OpenAI(base_url=app.url + "/v1", api_key="unused", max_retries=0)
     ask = dict(model="any", temperature=0.0, max_tokens=48)
-    counting = [{"role": "user", "content": "Count from 1 to 10, one number per line."}]
+    counting = [{"role": "user", "content": LINES}]
     full = client.chat.completions.create(messages=counting, **ask).choices[0]
     assert "\n" in full.message.content.strip()
     stopped = client.chat.completions.create(messages=counting, stop=["\n"], **ask).choices[0]

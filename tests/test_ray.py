@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.asks import CAPITAL
+from tests.asks import CAPITAL, LONG
 from tests.e2e import running_app, wait_gone
 
 REQUIRED = os.environ.get("CPU_CHAT_RAY_TESTS") == "required"  # set by scripts/test.sh: CI never skips these
@@ -147,7 +147,7 @@ def test_a_conversation_stays_on_the_node_that_holds_its_cache(app):
 
 def test_stop_reaches_the_actor_within_a_few_decode_steps(app):
     events: list = []
-    stream(app, "Count from 1 to 300.", events, stop_after=12)
+    stream(app, LONG, events, stop_after=12)
     stopped_at = time.monotonic()
     step_s = (events[-1][0] - events[2][0]) / (len(events) - 3)  # this reply's own time per token
     while any(w["active"] for w in app.health()["workers"]):  # the worker is busy until the actor confirms
@@ -161,7 +161,7 @@ def test_stop_reaches_the_actor_within_a_few_decode_steps(app):
 def test_sigkill_of_an_actor_fails_its_reply_only_and_a_new_actor_replaces_it(app):
     victim_events: list = []
     survivor_events: list = []
-    victim = threading.Thread(target=stream, args=(app, "Count from 1 to 300.", victim_events))
+    victim = threading.Thread(target=stream, args=(app, LONG, victim_events))
     victim.start()
     while len(victim_events) < 5:
         time.sleep(0.02)

@@ -50,9 +50,11 @@ def is_ort_model(path: str | None) -> bool:
 
 def build(model_path: str, cache_dir: Path) -> Path:
     """The onnxruntime graph of ``model_path`` (int8 weights in blocks of 32), built once."""
-    config = (Path(model_path) / "config.json").read_bytes()
-    key = hashlib.sha256(config + " ".join(BUILD_OPTIONS).encode() + GRAPH_VERSION.encode()
-                         + metadata.version("onnxruntime-genai").encode()).hexdigest()[:12]
+    from workers.weights import weights_stamp
+
+    config = (Path(model_path) / "config.json").read_text()
+    key = hashlib.sha256(";".join([config, weights_stamp(model_path), *BUILD_OPTIONS, GRAPH_VERSION,
+                                   metadata.version("onnxruntime-genai")]).encode()).hexdigest()[:12]
     out = cache_dir / "ort-genai" / f"{Path(model_path).name}-{key}"
     if is_ort_model(str(out)):
         return out

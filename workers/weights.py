@@ -41,6 +41,13 @@ _DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "
 _CODES = {dtype: code for code, dtype in _DTYPES.items()}
 
 
+def weights_stamp(model_path: str) -> str:
+    """What identifies a model's weights without reading them: each shard's path, size and
+    modification time (a model saved again in place gets new prepared files)."""
+    shards = sorted(Path(model_path).glob("*.safetensors"))
+    return ";".join(f"{p.resolve()}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in shards)
+
+
 def prepare(model_path: str, kernel_name: str, cache_dir: Path) -> Path:
     """The prepared weights file of this model for this kernel; written if missing."""
     from transformers import AutoConfig
@@ -50,7 +57,7 @@ def prepare(model_path: str, kernel_name: str, cache_dir: Path) -> Path:
     shards = sorted(Path(model_path).glob("*.safetensors"))
     if not shards:
         raise UnsupportedModel(f"no .safetensors weights in {model_path}")
-    stamp = ";".join(f"{p.resolve()}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in shards)
+    stamp = weights_stamp(model_path)
     layout = f"{kernel.format}-{kernel.activation}"  # kernels that share a layout share the file
     key = hashlib.sha256(f"{FORMAT_VERSION};{stamp};{layout}".encode()).hexdigest()[:12]
     out = cache_dir / "prepared" / f"{Path(model_path).name}-{layout}-{key}.weights"
