@@ -217,7 +217,7 @@ class Lean(Decoding):
 
         self.torch = torch
         weights = prepare(spec["model"], spec["kernel"], Path(spec["cache_dir"]))
-        loaded = load(spec["model"], weights=str(weights), prefill=spec["prefill"], threads=torch.get_num_threads())
+        loaded = load(spec["model"], weights=str(weights), prefill=spec.get("prefill"), threads=torch.get_num_threads())
         self.decoder, self.tokenizer = loaded.decoder, loaded.tokenizer
         self.private_weight_bytes = loaded.private_weight_bytes
         self.kernel = {"decode": spec["kernel"], "prefill": self.decoder.prefill_path}

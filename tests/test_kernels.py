@@ -191,3 +191,20 @@ def test_the_chosen_kernel_decodes_faster_here_than_plain_fp32(bundled_model, se
     chosen, fp32 = statistics.median(times[serving_kernel.decode]), statistics.median(times["fp32"])
     print(f"\n{serving_kernel.summary()}: {len(ids) / chosen:.0f} tok/s vs fp32 {len(ids) / fp32:.0f} tok/s")
     assert chosen <= fp32 * 1.25
+
+
+def test_the_onnxruntime_graph_keeps_the_bundled_models_quality(bundled_model, cache_dir, text_ids, fp32_reference):
+    """``--engine ort`` (the engine ``auto`` may pick): the same bounds as every kernel's."""
+    from workers.ort_decoder import build
+
+    graph = load(bundled_model.path, weights=str(build(bundled_model.path, cache_dir))).decoder
+    ppl_fp32, logits_fp32 = fp32_reference
+    ppl = perplexity(graph, text_ids)
+    print(f"\nonnxruntime graph: perplexity {ppl:.3f} vs fp32 {ppl_fp32:.3f} ({ppl / ppl_fp32 - 1:+.2%})")
+    assert ppl <= ppl_fp32 * 1.02
+    got = prefill_logits(graph, text_ids, range(40, 200, 16)).float()
+    kl = torch.nn.functional.kl_div(got.log_softmax(-1), logits_fp32.log_softmax(-1), log_target=True,
+                                    reduction="batchmean").item()
+    same_top = (got.argmax(-1) == logits_fp32.argmax(-1)).float().mean().item()
+    print(f"  prefill: KL {kl:.4f} nats, greedy token agrees {same_top:.0%}")
+    assert kl < 0.02 and same_top >= 0.8

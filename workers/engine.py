@@ -75,8 +75,9 @@ class Sequence:
 @dataclass
 class Engine:
     """Generation over a decoder: anything with ``new_cache()``, ``kv_bytes_per_token`` and
-    ``forward(ids [S], cache) -> [V]`` (``workers.model.Transformer``, or
-    ``workers.hf_decoder.HFDecoder`` for other architectures)."""
+    ``forward(ids [S], cache) -> [V]`` (``workers.model.Transformer``, the onnxruntime graph
+    ``workers.ort_decoder.OrtDecoder``, or ``workers.hf_decoder.HFDecoder`` for other
+    architectures)."""
 
     decoder: object
     tokenizer: object
@@ -143,7 +144,6 @@ class Engine:
             seq.reason = FinishReason.LENGTH
         else:
             seq.cache.reserve(len(prompt_ids) + budget)  # now, never by copying between prefill chunks or steps
-            seq.cached = min(seq.cached, seq.cache.length)  # a cache that cannot grow in place starts empty
             seq.pending = list(prompt_ids[seq.cached :])
         return seq
 
