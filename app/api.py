@@ -105,6 +105,7 @@ def build_router(dispatcher: Dispatcher, startup: Startup, defaults: SamplingPar
             "model_reason": model.reason if model else None,
             "startup": state.as_dict(),
             "kernels": startup.kernels.report() if startup.kernels else None,
+            "engine": startup.engine.report() if startup.engine else None,
             "startup_error": state.error,
             "queue_depth": dispatcher.queue_depth,
             "workers": [dataclasses.asdict(w) for w in dispatcher.snapshot()],

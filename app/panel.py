@@ -55,10 +55,12 @@ def readiness(lang: str, dispatcher: Dispatcher, startup: Startup) -> str:
 
 def worker_panel(lang: str, dispatcher: Dispatcher, startup: Startup) -> str:
     lines = [f"{readiness(lang, dispatcher, startup)} · {text(lang, 'waiting_n', n=dispatcher.queue_depth)}", ""]
-    if startup.kernels:
-        private = max((w.private_weight_mb or 0 for w in dispatcher.snapshot()), default=0)
-        lines += [text(lang, "kernels", summary=startup.kernels.summary())
-                  + (text(lang, "private_mb", mb=private) if private else ""), ""]
+    private = max((w.private_weight_mb or 0 for w in dispatcher.snapshot()), default=0)
+    packed = text(lang, "private_mb", mb=private) if private else ""
+    if startup.engine:
+        lines += [text(lang, "engine", summary=startup.engine.summary()) + packed, ""]
+    if startup.kernels and not (startup.engine and startup.engine.engine != "lean"):  # the kernels serve
+        lines += [text(lang, "kernels", summary=startup.kernels.summary()) + ("" if startup.engine else packed), ""]
     lines += [text(lang, "table"), "|---|---|---|---|---|---|---|---|---|---|---|"]
     for w in dispatcher.snapshot():
         now, last = w.current_tokens_per_s, w.tokens_per_s  # last is 0 after a Stop: no decode rate

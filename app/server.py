@@ -146,12 +146,12 @@ def choose_engine(config: AppConfig, lean: ModelSource, layout: WorkerLayout, st
     except RuntimeError as exc:
         log.warning("The onnxruntime graph is not a candidate (%s); serving on the lean decoder.", exc)
         return lean
-    engine = engine_choice.pick(timings)
+    choice = startup.engine = engine_choice.pick(timings)
     log.info("Engines measured: %s; serving on %s.",
-             "; ".join(f"{name}: {t.summary()}" for name, t in timings.items()), engine)
-    chosen = ort if engine == "ort" else lean
+             "; ".join(f"{name}: {t.summary()}" for name, t in timings.items()), choice.engine)
+    chosen = ort if choice.engine == "ort" else lean
     return dataclasses.replace(chosen, kernels=f"{chosen.kernels}; engine measured fastest: "
-                                               f"{timings[engine].summary()}")
+                                               f"{timings[choice.engine].summary()}")
 
 
 def prepare_ort(config: AppConfig, model, startup: Startup) -> ModelSource:

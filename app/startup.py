@@ -2,7 +2,8 @@
 
 The slow part of start-up — finding the model (ModelScope cache, then a download), converting
 a GGUF file to safetensors (~17 s for the bundled model, once), preparing the lean decoder's
-weights file (seconds, once) — runs in a background thread while the server already answers.
+weights file (seconds, once), building the onnxruntime graph and timing it against the lean
+decoder (``--engine auto``, ~10-40 s, once) — runs in a background thread while the server already answers.
 That thread writes a ``Startup`` and the event loop reads ``snapshot()`` of it; a lock keeps
 stage, fraction and error consistent with each other across the two threads.
 
@@ -19,6 +20,7 @@ import threading
 from dataclasses import dataclass, field
 
 from workers.choice import KernelChoice
+from workers.engine_choice import EngineChoice
 from workers.loader import ResolvedModel
 
 RESOLVING = 0.05
@@ -45,6 +47,7 @@ class Startup:
 
     model: ResolvedModel | None = None  # set once resolved (one reference assignment: no lock needed)
     kernels: KernelChoice | None = None  # set once measured (likewise)
+    engine: EngineChoice | None = None  # set where --engine auto measured the engines (likewise)
     _state: StartupState = field(default_factory=lambda: StartupState("Starting", 0.0))
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

@@ -20,6 +20,7 @@ import pytest
 
 from tests.asks import CAPITAL, LONG
 from tests.e2e import ROOT, running_app
+from workers.engine_choice import NAMES
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -109,6 +110,8 @@ def test_page_shows_the_model_and_all_workers_ready(app, page):
     panel = page.locator("#worker-panel")
     wait_for(lambda: "2/2 workers ready" in panel.inner_text(), 5)
     assert "restarts" in panel.inner_text() and "served" in panel.inner_text()
+    serving = app.health()["engine"]["engine"]  # measured at start-up: the panel names the one that serves
+    assert f"Engine: {NAMES[serving]}, measured faster here" in panel.inner_text()
     page.screenshot(path=OUTPUT / "1-ready.png", full_page=True)
 
 

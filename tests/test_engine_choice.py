@@ -22,11 +22,11 @@ from workers.engine_choice import Candidate, EngineTiming, measure, pick
 def test_the_engine_with_the_faster_typical_turn_is_picked():
     lean = EngineTiming(prefill_ms=280.0, step_ms=38.0, batch_step_ms=48.0)  # Zen 4, Qwen1.5-0.5B shape
     ort = EngineTiming(prefill_ms=420.0, step_ms=21.0, batch_step_ms=40.0)
-    assert pick({"lean": lean, "ort": ort}) == "ort"
+    assert pick({"lean": lean, "ort": ort}).engine == "ort"
     slow_batches = EngineTiming(prefill_ms=420.0, step_ms=21.0, batch_step_ms=90.0)  # faster alone only
-    assert pick({"lean": lean, "ort": slow_batches}) == "lean"
+    assert pick({"lean": lean, "ort": slow_batches}).engine == "lean"
     slow_prefill = EngineTiming(prefill_ms=4000.0, step_ms=21.0, batch_step_ms=40.0)  # a long wait for each reply
-    assert pick({"lean": lean, "ort": slow_prefill}) == "lean"
+    assert pick({"lean": lean, "ort": slow_prefill}).engine == "lean"
 
 
 def test_both_engines_are_measured_on_the_real_model_once(bundled_model, bundled_source, cache_dir, tmp_path):
@@ -56,6 +56,8 @@ def test_the_app_serves_on_the_engine_it_measured_faster(tmp_path):
         log = app.log()
         assert "Engines measured: lean: prefill" in log and "; ort: prefill" in log
         picked = log.split("Engines measured: ", 1)[1].split("serving on ", 1)[1].split(".", 1)[0]
-        kernels = app.health()["workers"][0]["kernels"]
+        health = app.health()
+        kernels = health["workers"][0]["kernels"]  # what the worker itself says it runs
         assert "engine measured fastest" in kernels
         assert ("onnxruntime" in kernels) == (picked == "ort"), (picked, kernels)
+        assert health["engine"]["engine"] == picked and set(health["engine"]["timings_ms"]) == {"lean", "ort"}

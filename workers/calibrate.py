@@ -141,9 +141,9 @@ def _measure_threaded(model_path: str, shapes: Shapes, threads: int, max_batch: 
     return measure(model_path, shapes, threads, max_batch, candidates)
 
 
-def run_pinned(layout: WorkerLayout, target, *args, passive_omp: bool | None = False):
-    """``target(*args)`` in a fresh process pinned and threaded like a worker (torch not yet
-    loaded; ``passive_omp``: OpenMP threads sleep when idle, None: as ``target`` sets it)."""
+def run_pinned(layout: WorkerLayout, target, *args, passive_omp: bool = False):
+    """``target(*args)`` in a fresh process pinned and threaded like a worker, before torch
+    loads there (``passive_omp``: OpenMP threads sleep at once when idle)."""
     import multiprocess
 
     ctx = multiprocess.get_context("spawn")
@@ -162,7 +162,7 @@ def run_pinned(layout: WorkerLayout, target, *args, passive_omp: bool | None = F
     return result
 
 
-def _run_pinned(layout: WorkerLayout, passive_omp: bool | None, target, args: tuple, conn) -> None:
+def _run_pinned(layout: WorkerLayout, passive_omp: bool, target, args: tuple, conn) -> None:
     from workers.process import pin_to_cores
 
     pin_to_cores(layout)

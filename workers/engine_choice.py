@@ -11,7 +11,7 @@ decode step alone, and one for a full batch. ``pick`` weighs them as ``workers.c
 weighs kernels: a typical turn, half its reply decoded alone and half in a full batch.
 
     timings = measure({"lean": lean_source, "ort": ort_source}, layout, max_batch, cache_dir)
-    engine = pick(timings)  # "lean" or "ort"
+    choice = pick(timings)  # choice.engine: "lean" or "ort"
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from workers.cores import WorkerLayout
 
 log = logging.getLogger(__name__)
 
-VERSION = 1
+VERSION = 2  # bump when an engine changes what a step costs
 STEPS = 9  # decode steps timed at each batch size (the median counts)
 CONTEXT = 2 * PREFILL_ROWS  # what each sequence holds while its steps are timed
 
@@ -64,9 +64,28 @@ class EngineTiming:
                 f"batch step {self.batch_step_ms:.1f} ms")
 
 
-def pick(timings: dict[str, EngineTiming]) -> str:
+NAMES = {"lean": "the lean decoder", "ort": "the onnxruntime graph"}
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """The engine that serves, and the timings it was picked from (for the log, page and /health)."""
+
+    engine: str  # "lean" | "ort"
+    timings: dict[str, EngineTiming]
+
+    def summary(self) -> str:
+        return f"{NAMES[self.engine]}, measured faster here (" + "; ".join(
+            f"{NAMES[name]}: {t.summary()}" for name, t in self.timings.items()) + ")"
+
+    def report(self) -> dict:
+        return {"engine": self.engine, "why": "measured fastest",
+                "timings_ms": {name: dataclasses.asdict(t) for name, t in self.timings.items()}}
+
+
+def pick(timings: dict[str, EngineTiming]) -> EngineChoice:
     """The engine whose typical turn is fastest."""
-    return min(timings, key=lambda name: timings[name].turn_ms)
+    return EngineChoice(min(timings, key=lambda name: timings[name].turn_ms), timings)
 
 
 def measure(candidates: dict[str, Candidate], layout: WorkerLayout, max_batch: int,
@@ -79,7 +98,7 @@ def measure(candidates: dict[str, Candidate], layout: WorkerLayout, max_batch: i
     path = cache_dir / "engines" / f"{key}.json"
     if path.is_file():
         return {name: EngineTiming(**t) for name, t in json.loads(path.read_text()).items()}
-    timings = {name: run_pinned(layout, time_engine, c, layout.threads, max_batch, passive_omp=None)
+    timings = {name: run_pinned(layout, time_engine, c, layout.threads, max_batch)
                for name, c in candidates.items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({name: dataclasses.asdict(t) for name, t in timings.items()}, indent=1))

@@ -26,6 +26,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
+import mmap
 import shutil
 import subprocess
 import sys
@@ -98,7 +100,7 @@ class OrtCache:
     """One sequence: the token ids it holds and their keys and values, ``kv`` of shape
     [2, layers, 1, kv heads, capacity, head size], float32 (the builder's CPU graphs keep
     activations in fp32). ``kv`` is the cache's own array, or its slot in an ``Arena`` while
-    it decodes in a batch. Allocated with ``np.empty``: pages past ``length`` are not touched."""
+    it decodes in a batch. Pages past ``length`` are never touched (``OrtDecoder.empty_kv``)."""
 
     def __init__(self, decoder: OrtDecoder, capacity: int = 256) -> None:
         self.decoder = decoder
@@ -181,7 +183,15 @@ class OrtDecoder:
         self.arena: Arena | None = None
 
     def empty_kv(self, slots: int, capacity: int) -> np.ndarray:
-        return np.empty((2, self.layers, slots, self.kv_heads, capacity, self.head_size), np.float32)
+        """Uninitialized KV memory in 4 KB pages, from an anonymous map of its own.
+
+        Not ``np.empty``: numpy asks Linux for 2 MB pages for large arrays, and the first call
+        on a fresh cache writes the first tokens of every head's block, so every 2 MB page
+        of the whole reservation was faulted in (and zeroed) at once: +250 ms to prefill 8
+        tokens into a cache reserved for 1,000 on the Qwen1.5-0.5B shape, +800 ms for 4,096
+        (measured; 40 ms either way in 4 KB pages, where only the pages written are touched)."""
+        shape = (2, self.layers, slots, self.kv_heads, capacity, self.head_size)
+        return np.frombuffer(mmap.mmap(-1, math.prod(shape) * 4), np.float32).reshape(shape)
 
     def new_cache(self) -> OrtCache:
         return OrtCache(self)
