@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def app_choice(spec: dict) -> dict:
-    """``{"engine": "lean" | "ort", "kernel", "prefill", "kernels"}`` for ``spec``, from a fresh process."""
+    """``{"engine": "lean" | "ort", "kernel", "prefill", "kernels", "engine_timings_ms"}`` for
+    ``spec``, from a fresh process (the timings where the app measured the engines)."""
     out = subprocess.run([sys.executable, "-m", "benchmarks.app_choice", json.dumps(spec)], cwd=ROOT,
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -39,10 +40,12 @@ def main(spec: dict) -> dict:
                                     "engine": spec.get("engine", "auto"), "max_batch": spec.get("max_batch", 4)})
     threads = spec.get("threads") or len(os.sched_getaffinity(0))
     layout = WorkerLayout(0, tuple(sorted(os.sched_getaffinity(0)))[:threads], threads)
-    source = prepare_model(config, layout, Startup())
+    startup = Startup()
+    source = prepare_model(config, layout, startup)
     engine = "lean" if source.kernel else "ort" if source.weights else "hf"
     return {"engine": engine, **{k: v for k, v in dataclasses.asdict(source).items()
-                                 if k in ("kernel", "prefill", "kernels")}}
+                                 if k in ("kernel", "prefill", "kernels")},
+            "engine_timings_ms": startup.engine.report()["timings_ms"] if startup.engine else None}
 
 
 if __name__ == "__main__":

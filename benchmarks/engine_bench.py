@@ -55,6 +55,8 @@ def main(spec: dict) -> dict:
         runner.prefill(ids)  # warm-up at this length
         result["prefill_ms"][str(length)] = [runner.prefill(ids) * 1000 for _ in range(spec["repeats"])]
     result["decode_tok_s"] = [DECODE_TOKENS / runner.decode(DECODE_TOKENS) for _ in range(spec["repeats"])]
+    if spec.get("engine_timings_ms"):  # what the app measured when it picked this engine
+        result["engine_timings_ms"] = spec["engine_timings_ms"]
     if isinstance(runner, Decoding):
         result["kernel"] = runner.kernel
         result["private_weight_bytes"] = runner.private_weight_bytes

@@ -138,7 +138,8 @@ def summarize(results: dict) -> dict:
         decode = Summary.of(r["decode_tok_s"])
         row = {"config": label, "threads": r["threads"], "decode_tok_s": decode.dict(),
                "decode_x": decode.ratio_to(base_decode).dict(), "kernel": r.get("kernel"),
-               "private_weight_mb": round(r.get("private_weight_bytes", 0) / 2**20)}
+               "private_weight_mb": round(r.get("private_weight_bytes", 0) / 2**20),
+               "engine_timings_ms": r.get("engine_timings_ms")}
         if "chunked_prefill" in r:
             row["chunked_prefill"] = {key: Summary.of([run[key] for run in r["chunked_prefill"]]).dict()
                                       for key in r["chunked_prefill"][0]}
@@ -208,6 +209,12 @@ def markdown(report: dict) -> str:
         lines.append(f"| {r['config']} | {_kernel(r)} | {r['threads']} | {fmt(r['prefill_64_ms'], 2)} | {fmt(r['prefill_64_x'], 2)} | "
                      f"{fmt(r['prefill_512_ms'], 2)} | {fmt(r['prefill_512_x'], 2)} | {fmt(r['decode_tok_s'], 2)} | "
                      f"{fmt(r['decode_x'], 2)} |")
+    picked = next((r for r in report["engines"] if r["config"] == AUTO and r.get("engine_timings_ms")), None)
+    if picked:
+        lines += ["", "The engines as the app measured them at start-up (ms; it serves the faster typical turn): "
+                  + "; ".join(f"{name}: prefill 128 tokens {t['prefill_ms']:.0f}, step {t['step_ms']:.1f}, "
+                              f"step of 4 {t['batch_step_ms']:.1f}" for name, t in picked["engine_timings_ms"].items())
+                  + "."]
     lines += ["", "Where a lean decode step goes (the matmuls alone vs the whole step):", "",
               "| config | weights MB/token | matmuls alone ms | = GB/s | tok/s if no overhead | overhead ms/token |",
               "|---|---|---|---|---|---|"]

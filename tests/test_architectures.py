@@ -118,3 +118,32 @@ def test_published_configs_take_the_lean_path(name, tmp_path):
 
     (tmp_path / "config.json").write_text(json.dumps(CONFIGS[name]))
     assert lean_supported(str(tmp_path))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_onnxruntime_graph_of_each_architecture_matches_transformers(case, tmp_path, bundled_tokenizer):
+    """``--engine auto`` may serve these on the graph (int8 weights): its logits stay close to
+    transformers' fp32 ones, the prompt prefilled whole and then decoded token by token."""
+    from workers.ort_decoder import OrtDecoder, build
+
+    path = write(CASES[case], tmp_path / case)
+    bundled_tokenizer.save_pretrained(path)  # the model builder writes the tokenizer beside the graph
+    decoder = OrtDecoder(str(build(str(path), tmp_path / "cache")), threads=1)
+    ids = torch.randint(3, 256, (SEQ,), generator=torch.Generator().manual_seed(1)).tolist()
+    cache = decoder.new_cache()
+    got = [decoder.forward(torch.tensor(ids[:40]), cache)]
+    got = torch.stack(got + [decoder.forward(torch.tensor(ids[i : i + 1]), cache) for i in range(40, SEQ)])
+    reference = transformers_logits(path, ids)
+    expected = torch.stack([reference[39], *reference[40:]])
+    assert torch.nn.functional.cosine_similarity(got, expected, dim=-1).min() > 0.995
+    assert (got.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.8
+
+
+def test_the_graph_of_a_window_that_applies_is_refused(tmp_path, bundled_tokenizer):
+    from workers.ort_decoder import build
+
+    path = write(tiny("qwen2.5-0.5b", use_sliding_window=True, sliding_window=16, max_position_embeddings=512),
+                 tmp_path / "windowed")
+    bundled_tokenizer.save_pretrained(path)
+    with pytest.raises(RuntimeError, match="sliding window of 16 tokens"):
+        build(str(path), tmp_path / "cache")

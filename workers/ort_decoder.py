@@ -70,8 +70,22 @@ def build(model_path: str, cache_dir: Path) -> Path:
         raise RuntimeError(f"onnxruntime-genai could not build {model_path}: {done.stderr.strip()[-2000:]}")
     shutil.rmtree(building / "hub", ignore_errors=True)
     _logits_of_last_position(building)
+    window, context = attention_window(building / GRAPH), json.loads((building / MARKER).read_text())["model"]["context_length"]
+    if 0 < window < context:  # the KV buffer would be a ring: prefix reuse and truncation assume it is not
+        raise RuntimeError(f"{model_path} attends within a sliding window of {window} tokens, which this engine "
+                           "does not serve (as the lean decoder does not)")
     building.rename(out)
     return out
+
+
+def attention_window(graph: Path) -> int:
+    """The sliding window the builder wrote into the graph's attention (0: none). The KV buffer
+    must be at least this long, even for a short sequence (GroupQueryAttention refuses it)."""
+    import onnx
+
+    nodes = onnx.load(str(graph), load_external_data=False).graph.node
+    return max([a.i for n in nodes if n.op_type == "GroupQueryAttention" for a in n.attribute
+                if a.name == "local_window_size"] + [0])
 
 
 def _logits_of_last_position(path: Path) -> None:
@@ -180,6 +194,7 @@ class OrtDecoder:
         self.vocab = spec["vocab_size"]
         self.layers, self.kv_heads, self.head_size = d["num_hidden_layers"], d["num_key_value_heads"], d["head_size"]
         self.kv_bytes_per_token = 2 * self.layers * self.kv_heads * self.head_size * 4
+        self.least_capacity = attention_window(Path(path) / GRAPH)
         self.arena: Arena | None = None
 
     def empty_kv(self, slots: int, capacity: int) -> np.ndarray:
@@ -190,7 +205,7 @@ class OrtDecoder:
         of the whole reservation was faulted in (and zeroed) at once: +250 ms to prefill 8
         tokens into a cache reserved for 1,000 on the Qwen1.5-0.5B shape, +800 ms for 4,096
         (measured; 40 ms either way in 4 KB pages, where only the pages written are touched)."""
-        shape = (2, self.layers, slots, self.kv_heads, capacity, self.head_size)
+        shape = (2, self.layers, slots, self.kv_heads, max(capacity, self.least_capacity), self.head_size)
         return np.frombuffer(mmap.mmap(-1, math.prod(shape) * 4), np.float32).reshape(shape)
 
     def new_cache(self) -> OrtCache:
