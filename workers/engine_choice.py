@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import logging
 import statistics
 import time
 from dataclasses import dataclass
@@ -28,8 +27,6 @@ from pathlib import Path
 from workers.calibrate import machine_id, run_pinned
 from workers.choice import PREFILL_ROWS, TURN_PROMPT_TOKENS, TURN_REPLY_TOKENS
 from workers.cores import WorkerLayout
-
-log = logging.getLogger(__name__)
 
 VERSION = 2  # bump when an engine changes what a step costs
 STEPS = 9  # decode steps timed at each batch size (the median counts)
