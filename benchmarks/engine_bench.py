@@ -100,9 +100,11 @@ class HFGenerate:
 class Decoding:
     """What the app's engines share: a decoder with ``forward``/``new_cache``, and its tokenizer."""
 
-    decoder = tokenizer = torch = None
-    kernel: dict = {}
-    private_weight_bytes = 0
+    decoder: object  # set by each engine's __init__
+    tokenizer: object
+    torch: object
+    kernel: dict[str, str]
+    private_weight_bytes: int
 
     def prefill(self, ids) -> float:
         cache = self.decoder.new_cache()
