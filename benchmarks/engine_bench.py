@@ -32,7 +32,9 @@ TURN_USER_TOKENS = 60
 TURN_REPLY_TOKENS = 60
 
 
-def main(spec: dict) -> dict:
+def runner_for(spec: dict) -> tuple[dict, object]:
+    """The spec with the app's own choice filled in (``auto``), and the engine it names, loaded
+    in this process (call before torch loads: a kernel may set OpenMP's env)."""
     if spec.get("threads"):
         os.environ["OMP_NUM_THREADS"] = str(spec["threads"])
     if spec["engine"] == "auto" or spec.get("kernel") == "auto":
@@ -40,13 +42,18 @@ def main(spec: dict) -> dict:
     if spec["engine"] == "lean":
         from workers.kernels import set_thread_env
 
-        set_thread_env(spec["kernel"])  # before torch loads: the kernel may set OpenMP's env
+        set_thread_env(spec["kernel"])
     import torch
 
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
     torch.manual_seed(0)
-    runner = {"hf-generate": HFGenerate, "lean": Lean, "ort": Ort}[spec["engine"]](spec)
+    return spec, {"hf-generate": HFGenerate, "lean": Lean, "ort": Ort}[spec["engine"]](spec)
+
+
+def main(spec: dict) -> dict:
+    spec, runner = runner_for(spec)
+    import torch
     result = {"engine": spec["engine"], "threads": spec.get("threads") or torch.get_num_threads(),
               "prefill_ms": {}, "decode_tok_s": []}
     runner.decode(8)  # warm-up
@@ -125,7 +132,12 @@ class Decoding:
         arrives: the reply's usual ms per token, its longest gap while the prompt prefills
         in chunks, and what that prefill costs in chunks and in one piece (the gap there
         would be without chunking). Token times are taken where the worker sends them
-        (the random model's tokens often decode to no text, so chunks would be sparse)."""
+        (the random model's tokens often decode to no text, so chunks would be sparse).
+
+        The longest gap is given against the reply's usual time per token before the prompt
+        came, and, as ``longest_gap_steps``, against the decode step within that gap: the
+        reply's own steps grow slower as its context grows while the prompt prefills (its
+        keys and values are read every step), which is not the prompt's doing."""
         from app.config import load_config
         from workers.engine import Engine
         from workers.process import Batch
@@ -139,9 +151,16 @@ class Decoding:
             def __init__(self, *args) -> None:
                 super().__init__(*args)
                 self.times: dict[str, list[float]] = {"reply": [], "long": []}
+                self.step_of: dict[float, float] = {}  # a reply token's time -> the decode step that made it
 
             def _send(self, seq, step) -> None:
                 self.times[seq.key].append(time.perf_counter())
+
+            def step(self) -> None:
+                sent = len(self.times["reply"])
+                super().step()
+                for t in self.times["reply"][sent:]:
+                    self.step_of[t] = self.chunk.step_s
 
         config = EngineConfig(max_context_tokens=load_config().max_context_tokens)
         batch = TimedBatch(Engine(self.decoder, self.tokenizer, set(), config), Discard(), 0)  # no stop ids
@@ -159,11 +178,14 @@ class Decoding:
         first, reply = batch.times["long"][0], batch.times["reply"]
         gaps = [(t1, t1 - t0) for t0, t1 in zip(reply, reply[1:])]
         usual = sorted(g for t, g in gaps if t <= sent)[len([1 for t, _ in gaps if t <= sent]) // 2]
-        worst = max(g for t, g in gaps if sent <= t <= first)
+        during = [(t, g) for t, g in gaps if sent <= t <= first]
+        worst = max(g for _, g in during)
+        worst_steps = max(g / batch.step_of[t] for t, g in during)
         started = time.perf_counter()
         self.decoder.forward(self.torch.tensor(long_ids), self.decoder.new_cache())
         one_piece = time.perf_counter() - started
         return {"usual_ms_per_token": usual * 1000, "longest_gap_ms": worst * 1000, "longest_gap_x": worst / usual,
+                "longest_gap_steps": worst_steps,
                 "prefill_chunked_ms": (first - sent) * 1000, "prefill_one_piece_ms": one_piece * 1000,
                 "chunk_tokens": batch.chunk.tokens}
 

@@ -227,7 +227,9 @@ def markdown(report: dict) -> str:
     lines += ["", f"Chunked prefill ({_kernel(lean)}): while a 1,000-token prompt prefills in the same worker "
                   f"(chunks of ~{c['chunk_tokens']['median']:.0f} tokens), another reply's longest gap between tokens is "
                   f"{fmt(c['longest_gap_ms'], 2)} ms = {fmt(c['longest_gap_x'], 2)}× its usual "
-                  f"{fmt(c['usual_ms_per_token'], 2)} ms per token; the prompt takes {fmt(c['prefill_chunked_ms'], 2)} ms "
+                  f"{fmt(c['usual_ms_per_token'], 2)} ms per token"
+                  + (f" ({fmt(c['longest_gap_steps'], 2)}× the decode step within it)" if "longest_gap_steps" in c else "")
+                  + f"; the prompt takes {fmt(c['prefill_chunked_ms'], 2)} ms "
                   f"in chunks, {fmt(c['prefill_one_piece_ms'], 2)} ms in one piece (the freeze there would be without chunks)."]
     private = [f"{r['config']}: {r['private_weight_mb']} MB" for r in report["engines"] if r.get("private_weight_mb")]
     lines += ["", "Packed weights each worker holds privately (kernels that cannot read the shared weights map): "

@@ -12,6 +12,7 @@ import pytest
 
 from tests.pool import Pool
 from workers.cores import plan_layout
+from workers.process import ChunkSize
 from workers.protocol import ChatMessage, Chunk, Done, SamplingParams
 
 STREAMING = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=400)
@@ -70,3 +71,39 @@ def test_another_users_reply_keeps_coming_while_a_long_prompt_prefills(one_worke
     # may be busy with other work, nine gaps in ten stay near it and a stray one is no freeze.
     assert statistics.quantiles(during, n=10)[-1] <= 3.5 * usual
     assert max(during) <= 6 * usual
+
+
+def run_chunks(chunk: ChunkSize, cost, prompt_tokens: int) -> list[tuple[int, float]]:
+    """Prefill ``prompt_tokens`` in chunks sized by ``chunk``; cost(position, tokens) -> seconds."""
+    done, ran = 0, []
+    while done < prompt_tokens:
+        n = min(chunk.tokens, prompt_tokens - done)
+        seconds = cost(done, n)
+        chunk.update(n, seconds)
+        ran.append((n, seconds))
+        done += n
+    return ran
+
+
+def test_chunks_grow_to_the_largest_that_fits_the_budget_and_never_overshoot_on_the_way():
+    chunk = ChunkSize(step_s=0.030)  # a decode step; a chunk costs one step's weights pass + 3 ms a token
+    ran = run_chunks(chunk, lambda position, n: 0.030 + 0.003 * n, 200)
+    budget = chunk.budget_steps * chunk.step_s
+    assert [n for n, _ in ran[:4]] == [1, 2, 4, 5]  # doubling, then the fit: (45 - 30) / 3 = 5 tokens
+    assert chunk.tokens == 5
+    assert all(seconds <= budget + 1e-9 for _, seconds in ran)
+
+
+def test_chunks_shrink_as_the_cost_per_token_grows_along_the_prompt():
+    chunk = ChunkSize(step_s=0.030)
+    ran = run_chunks(chunk, lambda position, n: 0.030 + (0.002 + position * 0.00001) * n, 1000)  # 2 -> 12 ms a token
+    budget = chunk.budget_steps * chunk.step_s
+    assert max(n for n, _ in ran[:20]) >= 5 and chunk.tokens == 1  # 7 tokens fit at the start, 1 by the end
+    over = [seconds for _, seconds in ran if seconds > budget]
+    assert len(over) <= len(ran) // 10 and max(over, default=0) <= 1.1 * budget  # the fit lags a little
+
+
+def test_a_chunk_needs_a_decode_step_to_measure_against():
+    chunk = ChunkSize()  # nobody decoding yet: no step to size chunks by
+    chunk.update(1, 0.5)
+    assert chunk.tokens == 1 and not chunk.timed

@@ -36,7 +36,6 @@ class Kernel:
     # GEMM on widened weights), "ort-fp32" (onnxruntime, fp32 activations): measured, the fastest kept
     describe: str
     passive_omp: bool = False  # torch's OpenMP threads must sleep when idle (see set_thread_env)
-    quantizes_activations: bool = False  # its decode path rounds activations: prompt chunks avoid it
 
 
 KERNELS: dict[str, Kernel] = {k.name: k for k in (
@@ -55,7 +54,7 @@ KERNELS: dict[str, Kernel] = {k.name: k for k in (
            prefill_paths=("widen-fp32", "widen-bf16"),
            describe="int8 weights per channel, fp32 activations (aten._weight_int8pack_mm)"),
     Kernel("int8-ort", "int8-b32", "float32", int8=True, shared=False,
-           prefill_paths=("ort-fp32",), passive_omp=True, quantizes_activations=True,
+           prefill_paths=("ort-fp32",), passive_omp=True,
            describe="int8 weights in blocks of 32, activations quantized per block (onnxruntime MatMulNBits)"),
 )}
 

@@ -58,34 +58,36 @@ def build_linear(kernel: Kernel, packed: Packed, prefill: str, bias: torch.Tenso
     dtype = dtype_of(kernel)
     decode = _DECODE[kernel.name](packed, threads)
     prefill_fn = prefill_path(packed, prefill, decode, threads)
-    return Linear(decode, prefill_fn, prefill_fn if kernel.quantizes_activations else decode, dtype,
-                  bias.to(dtype) if bias is not None else None, packed)
+    return Linear(decode, prefill_fn, dtype, bias.to(dtype) if bias is not None else None, packed)
 
 
 class Linear:
-    """``y = x W^T (+ b)`` on the path for the job: decode steps take the decode path; a
-    prompt of ``PREFILL_FROM_ROWS`` tokens or more the prefill path; a shorter prompt chunk
-    (chunked prefill between decode steps) ``few_rows``: the decode path too, unless that
-    rounds activations, which made greedy answers under load differ from the same prompt
-    alone (tested: 8 of 16); such a kernel's chunks take its exact prefill path.
+    """``y = x W^T (+ b)`` on the path for the job: a prompt of ``PREFILL_FROM_ROWS`` tokens or
+    more takes the prefill path; decode steps and shorter prompt chunks (chunked prefill
+    between decode steps) take the decode path, which costs about one pass over the weights
+    whatever the rows.
+
+    Chunks once took an exact prefill path where the decode path rounds activations
+    (onnxruntime's int8), since that made greedy answers under load differ from the same
+    prompt alone. On a Zen 3 (AVX2) that path costs at two rows about what it costs at 128:
+    a 2-token chunk of the bundled model took 780 ms on one thread against 37 ms for one
+    token, and the other replies froze for it (gaps of 0.8-1.1 s, 23x their usual). A
+    chunk now rounds as a decode step does; the onnxruntime graph does so everywhere.
 
     Inputs and outputs are in the model's compute dtype; a path that computes in another
     dtype converts at its edges (cheap next to the matmul).
     """
 
-    def __init__(self, decode: Matmul, prefill: Matmul, few_rows: Matmul, dtype: torch.dtype,
-                 bias: torch.Tensor | None, packed: Packed) -> None:
-        self.decode, self.prefill, self.few_rows = decode, prefill, few_rows
+    def __init__(self, decode: Matmul, prefill: Matmul, dtype: torch.dtype, bias: torch.Tensor | None,
+                 packed: Packed) -> None:
+        self.decode, self.prefill = decode, prefill
         self.dtype, self.bias, self.packed = dtype, bias, packed
         self.out_features, self.in_features = packed["w"].shape[0], _in_features(packed)
         self.nbytes = sum(t.numel() * t.element_size() for t in packed.values())
 
     def __call__(self, x: torch.Tensor, prompt: bool = False) -> torch.Tensor:  # x: [..., K] -> [..., N]
         rows = x.reshape(-1, x.shape[-1])  # [M, K]
-        if not prompt:
-            path = self.decode
-        else:
-            path = self.prefill if rows.shape[0] >= PREFILL_FROM_ROWS else self.few_rows
+        path = self.prefill if prompt and rows.shape[0] >= PREFILL_FROM_ROWS else self.decode
         y = path(rows).to(self.dtype).reshape(*x.shape[:-1], -1)
         return y if self.bias is None else y + self.bias
 

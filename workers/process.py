@@ -7,8 +7,8 @@ which is why torch and everything that imports it are imported inside ``run_work
 While generating, the loop reads the pipe between two decode steps without blocking: a new
 request joins the batch, a ``Cancel`` ends its request before the next step (so Stop takes
 effect within one decode step), ``Shutdown`` ends the loop. A new prompt is prefilled in
-chunks between decode steps, each sized to cost about one decode step (``ChunkSize``), so
-one user's long prompt delays the others' next tokens by about one step, not by seconds.
+chunks between decode steps, each sized to cost at most 1.5 decode steps (``ChunkSize``), so
+one user's long prompt delays the others' next tokens by a step or two, not by seconds.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import os
 import signal
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from workers.cores import WorkerLayout
 from workers.kernels import PREFILL_FROM_ROWS, set_thread_env
@@ -150,26 +150,52 @@ class Admitted:
 class ChunkSize:
     """How many prompt tokens to prefill between two decode steps.
 
-    A chunk runs on the decode kernels: it costs a fixed part (reading the weights, about
-    one decode step's worth) plus a part per token. The size is the largest whose chunk
-    stays within ``budget_steps`` decode steps, found as TCP finds a window: a little
-    larger after each chunk within budget, a quarter smaller after one over it. The other
-    replies then wait about ``1 + budget_steps`` steps per token while a prompt prefills.
+    A chunk costs a fixed part (one pass over the weights: about what a decode step costs,
+    since the onnxruntime graph reads them all on every call and the lean decoder's chunks
+    run on its decode kernels) plus a part per token (the arithmetic). Both are fitted, as
+    a least-squares line, to the last ``window`` chunks timed, and the next chunk is the
+    largest predicted to cost at most ``budget_steps`` decode steps: the other replies then
+    wait about ``1 + budget_steps`` steps per token while a prompt prefills.
+
+    The line is refitted after every chunk because the cost per token grows as the prompt
+    goes on (each new token attends to all before it): on the onnxruntime graph on an AVX2
+    CPU, a prompt token cost ~4 ms at its start and ~20 ms at its 900th token, against a
+    30-40 ms decode step. It starts at one token and at most doubles from one chunk to the
+    next, so a first guess cannot overshoot (the rule this replaced started at 8 tokens and
+    grew by an eighth after each chunk within budget).
     """
 
-    tokens: int = 8
+    tokens: int = 1
     least: int = 1
     most: int = PREFILL_FROM_ROWS - 1  # so chunks stay on the decode kernels, which cost no widening per call
     budget_steps: float = 1.5
+    window: int = 16
     step_s: float = 0.0  # the latest decode step's duration
+    timed: deque = field(default_factory=deque)  # (tokens, seconds) of the latest chunks
 
     def update(self, chunk_tokens: int, chunk_s: float) -> None:
         if not self.step_s or chunk_tokens < self.tokens:  # a prompt's short tail says little
             return
-        if chunk_s <= self.budget_steps * self.step_s:
-            self.tokens = min(self.most, self.tokens + max(1, self.tokens // 8))
-        else:
-            self.tokens = max(self.least, self.tokens * 3 // 4)
+        self.timed.append((chunk_tokens, chunk_s))
+        while len(self.timed) > self.window:
+            self.timed.popleft()
+        fixed, per_token = self.cost_model()
+        fits = int((self.budget_steps * self.step_s - fixed) / per_token + 1e-6) if per_token > 0 else self.most
+        self.tokens = max(self.least, min(self.most, 2 * chunk_tokens, fits))
+
+    def cost_model(self) -> tuple[float, float]:
+        """(fixed seconds, seconds per token) of a chunk: the least-squares line through the
+        chunks timed, or, while they all had one size, a fixed part of one decode step."""
+        n = len(self.timed)
+        mean_t = sum(t for t, _ in self.timed) / n
+        mean_s = sum(s for _, s in self.timed) / n
+        spread = sum((t - mean_t) ** 2 for t, _ in self.timed)
+        if spread > 0:
+            per_token = sum((t - mean_t) * (s - mean_s) for t, s in self.timed) / spread
+            if per_token > 0:
+                return mean_s - per_token * mean_t, per_token
+        fixed = min(self.step_s, mean_s)
+        return fixed, (mean_s - fixed) / mean_t
 
 
 class Batch:

@@ -1,0 +1,73 @@
+"""Chunked prefill alone: ``python -m benchmarks.chunked_bench`` (about 6 minutes on 2 cores).
+
+While a 1,000-token prompt prefills in a worker's own batch loop (``workers.process.Batch``),
+how long another reply in that worker waits between its tokens, and how long the prompt
+takes in chunks and in one piece: the results table's chunked-prefill measure
+(``engine_bench.Decoding.chunked_prefill``), run alone so that a change to the chunking can
+be measured without the whole benchmark. The Qwen1.5-0.5B shape, 2 threads, on the app's
+default engine (measured here, as the app measures it) and on the lean decoder with its
+measured kernel, each in a fresh process. Results go to
+``benchmarks/results/<CPU class>/chunked.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+from benchmarks import qwen_shape
+from benchmarks.run import CACHE, ROOT, _machine, save
+from benchmarks.stats import Summary, fmt
+
+ENGINES = {"the app's default: engine measured here": "auto", "lean, measured kernel (--engine lean)": "lean"}
+
+
+def measure(spec: dict) -> dict:
+    """In this process: the engine ``spec`` names, its chunked prefill timed ``repeats`` times."""
+    from benchmarks.engine_bench import runner_for
+
+    spec, runner = runner_for(spec)
+    return {"kernel": runner.kernel, "runs": [runner.chunked_prefill() for _ in range(spec["repeats"])]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args(argv)
+    from workers.loader import resolve_model
+
+    machine = _machine()
+    qwen = str(qwen_shape.build(CACHE / "qwen1.5-0.5b-shape", resolve_model("bundled", CACHE).path))
+    results = {}
+    for label, engine in ENGINES.items():
+        print(f"chunked prefill: {label} ...", flush=True)
+        spec = {"engine": engine, "kernel": "auto", "threads": 2, "model": qwen, "cache_dir": str(CACHE),
+                "repeats": args.repeats}
+        out = subprocess.run([sys.executable, "-m", "benchmarks.chunked_bench", "--one", json.dumps(spec)], cwd=ROOT,
+                             capture_output=True, text=True, check=True)
+        results[label] = json.loads(out.stdout.strip().splitlines()[-1])
+    lines = [f"CPU: {machine['cpus']} ({machine['cores']} cores), flags {' '.join(machine['flags'])}. "
+             "Qwen1.5-0.5B shape, 2 threads; median (min–max) of "
+             f"{args.repeats}. While a 1,000-token prompt prefills in the same worker, another reply's tokens:", "",
+             "| engine | kernels | chunk tokens (last) | usual ms/token | longest gap ms | × usual | × its own step | "
+             "prompt in chunks ms | in one piece ms |", "|---|---|---|---|---|---|---|---|---|"]
+    for label, r in results.items():
+        s = {key: Summary.of([run[key] for run in r["runs"]]).dict() for key in r["runs"][0]}
+        r["summary"] = s
+        lines.append(f"| {label} | {r['kernel']['decode']} / {r['kernel']['prefill']} | {fmt(s['chunk_tokens'], 0)} | "
+                     f"{fmt(s['usual_ms_per_token'])} | {fmt(s['longest_gap_ms'])} | {fmt(s['longest_gap_x'], 2)} | "
+                     f"{fmt(s['longest_gap_steps'], 2)} | {fmt(s['prefill_chunked_ms'], 0)} | "
+                     f"{fmt(s['prefill_one_piece_ms'], 0)} |")
+    lines += ["", "× its own step: the gap over the decode step inside it (the reply's steps slow down as its own "
+                  "context grows meanwhile); × usual: over its time per token before the prompt came."]
+    save(machine, "chunked", {"machine": machine, "results": results}, "\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--one"]:
+        print(json.dumps(measure(json.loads(sys.argv[2]))))
+    else:
+        sys.exit(main())
