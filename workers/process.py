@@ -159,8 +159,8 @@ class ChunkSize:
 
     The line is refitted after every chunk because the cost per token grows as the prompt
     goes on (each new token attends to all before it): on the onnxruntime graph on an AVX2
-    CPU, a prompt token cost ~4 ms at its start and ~20 ms at its 900th token, against a
-    30-40 ms decode step. It starts at one token and at most doubles from one chunk to the
+    CPU, a prompt token cost ~4 ms at its start and 7-20 ms near its 900th (7 timed alone,
+    up to 20 between another reply's steps), against a 30-40 ms decode step. It starts at one token and at most doubles from one chunk to the
     next, so a first guess cannot overshoot (the rule this replaced started at 8 tokens and
     grew by an eighth after each chunk within budget).
     """
@@ -168,10 +168,11 @@ class ChunkSize:
     tokens: int = 1
     least: int = 1
     most: int = PREFILL_FROM_ROWS - 1  # so chunks stay on the decode kernels, which cost no widening per call
-    budget_steps: float = 1.5
+    budget_steps: float = 1.5  # 1.25, tried on the graph on Zen 3, made the prompt take 64 s instead of 45 and the
+    # reply's longest gap 3.96x its earlier pace instead of 3.27x: its own steps slowed as its context grew meanwhile
     window: int = 16
     step_s: float = 0.0  # the latest decode step's duration
-    timed: deque = field(default_factory=deque)  # (tokens, seconds) of the latest chunks
+    timed: deque[tuple[int, float]] = field(default_factory=deque)  # (tokens, seconds) of the latest chunks
 
     def update(self, chunk_tokens: int, chunk_s: float) -> None:
         if not self.step_s or chunk_tokens < self.tokens:  # a prompt's short tail says little
