@@ -156,7 +156,7 @@ def choose_engine(config: AppConfig, lean: ModelSource, layout: WorkerLayout, st
 
 def prepare_ort(config: AppConfig, model, startup: Startup) -> ModelSource:
     """The model built once as one onnxruntime graph (``workers.ort_decoder``)."""
-    from workers.ort_decoder import build
+    from workers.ort_graph import build
 
     kernels = "onnxruntime graph: int8 MatMulNBits, blocks of 32"
     startup.step(f"building the onnxruntime graph of {model.name} (int8, once)", stages.PREPARING)

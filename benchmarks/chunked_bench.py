@@ -6,7 +6,8 @@ takes in chunks and in one piece: the results table's chunked-prefill measure
 (``engine_bench.Decoding.chunked_prefill``), run alone so that a change to the chunking can
 be measured without the whole benchmark. The Qwen1.5-0.5B shape, 2 threads, on the app's
 default engine (measured here, as the app measures it) and on the lean decoder with its
-measured kernel, each in a fresh process. Results go to
+measured kernel, each in a fresh process; an engine that can run a chunk in the decode
+step's call runs it so and apart, alternately (the same-run before and after). Results go to
 ``benchmarks/results/<CPU class>/chunked.{json,md}``.
 """
 
@@ -25,11 +26,20 @@ ENGINES = {"the app's default: engine measured here": "auto", "lean, measured ke
 
 
 def measure(spec: dict) -> dict:
-    """In this process: the engine ``spec`` names, its chunked prefill timed ``repeats`` times."""
+    """In this process: the engine ``spec`` names, its chunked prefill timed ``repeats`` times;
+    on an engine that can run a chunk in the decode step's call, alternately so and apart
+    (each chunk a call of its own, as before it could), for a same-run comparison."""
     from benchmarks.engine_bench import runner_for
 
     spec, runner = runner_for(spec)
-    return {"kernel": runner.kernel, "runs": [runner.chunked_prefill() for _ in range(spec["repeats"])]}
+    ways = {"in the step's call": True, "a call of its own": False}
+    if not hasattr(runner.decoder, "forward_mixed"):
+        del ways["in the step's call"]
+    runs: dict[str, list[dict]] = {way: [] for way in ways}
+    for _ in range(spec["repeats"]):
+        for way, fuse in ways.items():
+            runs[way].append(runner.chunked_prefill(fuse=fuse))
+    return {"kernel": runner.kernel, "runs": runs}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,17 +61,20 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"CPU: {machine['cpus']} ({machine['cores']} cores), flags {' '.join(machine['flags'])}. "
              "Qwen1.5-0.5B shape, 2 threads; median (min–max) of "
              f"{args.repeats}. While a 1,000-token prompt prefills in the same worker, another reply's tokens:", "",
-             "| engine | kernels | chunk tokens (last) | usual ms/token | longest gap ms | × usual | × its own step | "
-             "prompt in chunks ms | in one piece ms |", "|---|---|---|---|---|---|---|---|---|"]
+             "| engine | kernels | prompt chunk | chunk tokens (last) | usual ms/token | longest gap ms | × usual | "
+             "× its own step | prompt in chunks ms | in one piece ms |", "|---|---|---|---|---|---|---|---|---|---|"]
     for label, r in results.items():
-        s = {key: Summary.of([run[key] for run in r["runs"]]).dict() for key in r["runs"][0]}
-        r["summary"] = s
-        lines.append(f"| {label} | {r['kernel']['decode']} / {r['kernel']['prefill']} | {fmt(s['chunk_tokens'], 0)} | "
-                     f"{fmt(s['usual_ms_per_token'])} | {fmt(s['longest_gap_ms'])} | {fmt(s['longest_gap_x'], 2)} | "
-                     f"{fmt(s['longest_gap_steps'], 2)} | {fmt(s['prefill_chunked_ms'], 0)} | "
-                     f"{fmt(s['prefill_one_piece_ms'], 0)} |")
+        r["summary"] = {}
+        for way, runs in r["runs"].items():
+            s = r["summary"][way] = {key: Summary.of([run[key] for run in runs]).dict() for key in runs[0]}
+            lines.append(f"| {label} | {r['kernel']['decode']} / {r['kernel']['prefill']} | {way} | "
+                         f"{fmt(s['chunk_tokens'], 0)} | {fmt(s['usual_ms_per_token'])} | {fmt(s['longest_gap_ms'])} | "
+                         f"{fmt(s['longest_gap_x'], 2)} | {fmt(s['longest_gap_steps'], 2)} | "
+                         f"{fmt(s['prefill_chunked_ms'], 0)} | {fmt(s['prefill_one_piece_ms'], 0)} |")
     lines += ["", "× its own step: the gap over the decode step inside it (the reply's steps slow down as its own "
-                  "context grows meanwhile); × usual: over its time per token before the prompt came."]
+                  "context grows meanwhile; in the step's call, that step is the fixed part of the cost line fitted "
+                  "to the calls); × usual: over its time per token before the prompt came. The two ways of one "
+                  "engine ran alternately in one process."]
     save(machine, "chunked", {"machine": machine, "results": results}, "\n".join(lines) + "\n")
     return 0
 

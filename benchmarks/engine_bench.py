@@ -127,7 +127,7 @@ class Decoding:
             token = self.decoder.forward(token, cache).argmax().view(1)
         return time.perf_counter() - started
 
-    def chunked_prefill(self, prompt_tokens: int = 1000) -> dict:
+    def chunked_prefill(self, prompt_tokens: int = 1000, fuse: bool = True) -> dict:
         """One reply decoding in the worker's own batch loop when a ``prompt_tokens`` prompt
         arrives: the reply's usual ms per token, its longest gap while the prompt prefills
         in chunks, and what that prefill costs in chunks and in one piece (the gap there
@@ -137,7 +137,9 @@ class Decoding:
         The longest gap is given against the reply's usual time per token before the prompt
         came, and, as ``longest_gap_steps``, against the decode step within that gap: the
         reply's own steps grow slower as its context grows while the prompt prefills (its
-        keys and values are read every step), which is not the prompt's doing."""
+        keys and values are read every step), which is not the prompt's doing. Where the chunk
+        rides in the step's call (``Engine.fuses_chunks``), that step is the fixed part of the
+        line ``ChunkSize`` fits to the calls; ``fuse=False`` runs the chunks apart anyway (an A/B)."""
         from app.config import load_config
         from workers.engine import Engine
         from workers.process import Batch
@@ -158,12 +160,15 @@ class Decoding:
 
             def step(self) -> None:
                 sent = len(self.times["reply"])
+                fused = self.chunk.fused and any(s.pending for s in self.active.values())
                 super().step()
+                fused = fused and bool(self.chunk.timed)
                 for t in self.times["reply"][sent:]:
-                    self.step_of[t] = self.chunk.step_s
+                    self.step_of[t] = max(self.chunk.step_s, self.chunk.cost_model()[0]) if fused else self.chunk.step_s
 
         config = EngineConfig(max_context_tokens=load_config().max_context_tokens)
         batch = TimedBatch(Engine(self.decoder, self.tokenizer, set(), config), Discard(), 0)  # no stop ids
+        batch.chunk.fused = batch.chunk.fused and fuse
         params = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=4000)
         batch.admit(Generate("reply", (ChatMessage("user", "Hello"),), params))
         while len(batch.times["reply"]) < 30:
@@ -222,7 +227,7 @@ class Ort(Decoding):
         import torch
 
         from workers.loader import load
-        from workers.ort_decoder import build
+        from workers.ort_graph import build
 
         self.torch = torch
         graph = build(spec["model"], Path(spec["cache_dir"]))

@@ -124,7 +124,8 @@ def test_published_configs_take_the_lean_path(name, tmp_path):
 def test_the_onnxruntime_graph_of_each_architecture_matches_transformers(case, tmp_path, bundled_tokenizer):
     """``--engine auto`` may serve these on the graph (int8 weights): its logits stay close to
     transformers' fp32 ones, the prompt prefilled whole and then decoded token by token."""
-    from workers.ort_decoder import OrtDecoder, build
+    from workers.ort_decoder import OrtDecoder
+    from workers.ort_graph import build
 
     path = write(CASES[case], tmp_path / case)
     bundled_tokenizer.save_pretrained(path)  # the model builder writes the tokenizer beside the graph
@@ -140,7 +141,7 @@ def test_the_onnxruntime_graph_of_each_architecture_matches_transformers(case, t
 
 
 def test_the_graph_of_a_window_that_applies_is_refused(tmp_path, bundled_tokenizer):
-    from workers.ort_decoder import build
+    from workers.ort_graph import build
 
     path = write(tiny("qwen2.5-0.5b", use_sliding_window=True, sliding_window=16, max_position_embeddings=512),
                  tmp_path / "windowed")

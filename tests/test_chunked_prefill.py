@@ -107,3 +107,10 @@ def test_a_chunk_needs_a_decode_step_to_measure_against():
     chunk = ChunkSize()  # nobody decoding yet: no step to size chunks by
     chunk.update(1, 0.5)
     assert chunk.tokens == 1 and not chunk.timed
+
+
+def test_a_chunk_in_the_decode_steps_call_may_cost_the_budget_beside_the_step():
+    chunk = ChunkSize(fused=True, step_s=0.030)  # the call: the step's 30 ms plus 3 ms a prompt token
+    ran = run_chunks(chunk, lambda position, n: 0.030 + 0.003 * n, 200)
+    assert [n for n, _ in ran[:5]] == [1, 2, 4, 8, 15]  # doubling, then the fit: 1.5 x 30 / 3 = 15 tokens
+    assert all(seconds <= (1 + chunk.budget_steps) * chunk.step_s + 1e-9 for _, seconds in ran)

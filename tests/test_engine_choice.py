@@ -30,7 +30,7 @@ def test_the_engine_with_the_faster_typical_turn_is_picked():
 
 
 def test_both_engines_are_measured_on_the_real_model_once(bundled_model, bundled_source, cache_dir, tmp_path):
-    from workers.ort_decoder import build
+    from workers.ort_graph import build
 
     graph = build(bundled_model.path, cache_dir)
     candidates = {"lean": Candidate(bundled_model.path, bundled_source.weights, bundled_source.dtype,

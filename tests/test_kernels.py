@@ -195,7 +195,7 @@ def test_the_chosen_kernel_decodes_faster_here_than_plain_fp32(bundled_model, se
 
 def test_the_onnxruntime_graph_keeps_the_bundled_models_quality(bundled_model, cache_dir, text_ids, fp32_reference):
     """``--engine ort`` (the engine ``auto`` may pick): the same bounds as every kernel's."""
-    from workers.ort_decoder import build
+    from workers.ort_graph import build
 
     graph = load(bundled_model.path, weights=str(build(bundled_model.path, cache_dir))).decoder
     ppl_fp32, logits_fp32 = fp32_reference

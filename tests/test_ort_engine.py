@@ -27,7 +27,7 @@ GREEDY = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=
 
 @pytest.fixture(scope="module")
 def ort_graph(bundled_model, cache_dir):
-    from workers.ort_decoder import build
+    from workers.ort_graph import build
 
     return build(bundled_model.path, cache_dir)
 
@@ -91,6 +91,31 @@ def test_replies_joining_and_leaving_a_batch_keep_their_own_answers(ort_engine):
             if not live:
                 break
     assert [done[k].strip() for k in range(len(ids))] == [a.strip() for a in alone]
+
+
+def test_a_prompt_prefilled_within_the_others_decode_steps_changes_no_answer(ort_engine):
+    """The chunks of a prompt ride in the decode steps' calls (one pass over the weights for
+    both, ``Engine.step(seqs, chunk_of=...)``): every reply is as it is alone, the late one
+    too, and the prompt is in after one call per chunk."""
+    prompts = [CAPITAL, "Name three colours.", "Please say, in one short sentence, what a river is."]
+    ids = [ort_engine.prompt([ChatMessage("user", q)], 24).ids for q in prompts]
+    alone = [generate(ort_engine, i, GREEDY)[0] for i in ids]
+    assert ort_engine.fuses_chunks
+    decoding = [ort_engine.start(i, GREEDY)[0] for i in ids[:2]]
+    late = ort_engine.begin(ids[2], GREEDY)
+    calls = 0
+    while late.pending:
+        before = [len(s.generated) for s in decoding]
+        ort_engine.step(decoding, late, 5)
+        calls += 1
+        assert all(len(s.generated) == n + 1 or s.reason is not None for s, n in zip(decoding, before, strict=True))
+    assert calls == -(-len(ids[2]) // 5) and len(late.generated) == 1  # its first token came with the last chunk
+    while any(s.reason is None for s in [*decoding, late]):
+        ort_engine.step([*decoding, late])
+    together = [ort_engine.tokenizer.decode(s.generated) for s in [*decoding, late]]
+    for seq in [*decoding, late]:
+        ort_engine.finish(seq)
+    assert [t.strip() for t in together] == [a.strip() for a in alone]
 
 
 def test_the_next_turn_and_another_conversation_reuse_the_cache(ort_engine):

@@ -76,7 +76,7 @@ def test_a_node_without_the_heads_files_prepares_them_once_for_all_its_actors(he
 
 
 def test_a_node_without_the_heads_onnxruntime_graph_builds_its_own(head_spec, tmp_path):
-    from workers.ort_decoder import is_ort_model
+    from workers.ort_graph import is_ort_model
 
     ort_spec = replace(head_spec, model_path="/head-only/model", weights="/head-only/graph", kernel=None, prefill=None)
     local = localize(ort_spec, "bundled", str(tmp_path))

@@ -4,6 +4,8 @@
     prefill(seq, n)    ─▶ prefill up to n more prompt tokens (only those the conversation
                           cache lacks); after the last chunk, sample the first token
     step([seqs])       ─▶ one batched decode step for every prefilled live sequence
+    step([seqs], seq, n) ─▶ the same, with seq's next n prompt tokens in the same call
+                          (decoders that fuse them: ``fuses_chunks``)
     finish(seq)        ─▶ keep its cache for the next turn, report its metrics
 
 ``start`` is ``begin`` plus a whole prefill. The worker loop admits requests with
@@ -147,33 +149,57 @@ class Engine:
             seq.pending = list(prompt_ids[seq.cached :])
         return seq
 
+    @property
+    def fuses_chunks(self) -> bool:
+        """Whether a prompt chunk can ride in a decode step's call (``step(..., chunk_of=)``):
+        the decoder then reads its weights once for both."""
+        return hasattr(self.decoder, "forward_mixed")
+
     @torch.no_grad()
     def prefill(self, seq: Sequence, max_tokens: int | None = None) -> Step | None:
         """Prefill up to ``max_tokens`` (default: all) of the prompt; once it is all in the
         cache, sample the first token and return its step."""
         if not seq.pending:
             return None
-        n = len(seq.pending) if max_tokens is None else max(1, max_tokens)
-        chunk, seq.pending = seq.pending[:n], seq.pending[n:]
-        logits = self.decoder.forward(torch.tensor(chunk), seq.cache, logits=not seq.pending)  # [V]
-        if seq.pending:
-            return None
-        return self._take(seq, sample(logits, seq.params, seq.history, seq.generator), logits)
+        logits = self.decoder.forward(torch.tensor(self._next_chunk(seq, max_tokens)), seq.cache,
+                                      logits=not seq.pending)  # [V]
+        return None if seq.pending else self._take(seq, sample(logits, seq.params, seq.history, seq.generator), logits)
 
     @torch.no_grad()
-    def step(self, seqs: list[Sequence]) -> list[tuple[Sequence, Step]]:
-        """One decode step for every unfinished, prefilled sequence, batched; the new tokens' steps."""
+    def step(self, seqs: list[Sequence], chunk_of: Sequence | None = None,
+             chunk_tokens: int | None = None) -> list[tuple[Sequence, Step]]:
+        """One decode step for every unfinished, prefilled sequence, batched; the new tokens' steps.
+
+        With ``chunk_of`` (a sequence still prefilling; only where ``fuses_chunks``), up to
+        ``chunk_tokens`` more of its prompt go into the same call, and once its prompt is all
+        in, its first token's step comes with the others'."""
         live = [s for s in seqs if s.reason is None and not s.pending]
+        if chunk_of is not None and not (live and chunk_of.pending and self.fuses_chunks):  # one after the other
+            steps = self.step(live)
+            first = self.prefill(chunk_of, chunk_tokens)
+            return steps + ([(chunk_of, first)] if first is not None else [])
         if not live:
             return []
         tokens = torch.tensor([s.generated[-1] for s in live])  # [B]
-        logits = self.decoder.forward_batch(tokens, [s.cache for s in live])  # [B, V]
+        caches = [s.cache for s in live]
+        if chunk_of is None:
+            logits, last = self.decoder.forward_batch(tokens, caches), None  # [B, V]
+        else:
+            chunk = torch.tensor(self._next_chunk(chunk_of, chunk_tokens))
+            logits, last = self.decoder.forward_mixed(tokens, caches, chunk, chunk_of.cache, logits=not chunk_of.pending)
         steps = []
-        for seq, row in zip(live, logits, strict=True):
+        for seq, row in [*zip(live, logits, strict=True), *([(chunk_of, last)] if last is not None else [])]:
             step = self._take(seq, sample(row, seq.params, seq.history, seq.generator), row)
             if step is not None:
                 steps.append((seq, step))
         return steps
+
+    @staticmethod
+    def _next_chunk(seq: Sequence, max_tokens: int | None) -> list[int]:
+        """Take the next ``max_tokens`` (default: all) prompt tokens still to prefill."""
+        n = len(seq.pending) if max_tokens is None else max(1, max_tokens)
+        chunk, seq.pending = seq.pending[:n], seq.pending[n:]
+        return chunk
 
     def _take(self, seq: Sequence, token: int, logits: torch.Tensor) -> Step | None:
         """Record a sampled token: a stop token ends the sequence, others add text (and, when

@@ -202,7 +202,8 @@ def load(path: str, dtype: str = "float32", weights: str | None = None, prefill:
     import torch
     from transformers import AutoTokenizer, GenerationConfig
 
-    from workers.ort_decoder import OrtDecoder, is_ort_model
+    from workers.ort_decoder import OrtDecoder
+    from workers.ort_graph import is_ort_model
     from workers.prompt import stop_token_ids
 
     tokenizer = AutoTokenizer.from_pretrained(path)

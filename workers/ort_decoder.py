@@ -4,8 +4,7 @@ Why: onnxruntime's int8 ``MatMulNBits`` (MLAS, activations quantized in blocks o
 llama.cpp's q8_0) is the fastest matmul on many AVX2 CPUs, but called once per linear from
 torch it loses most of that to hand-offs between torch's and onnxruntime's thread pools
 (issue 8: 15.9 tok/s where the matmuls alone allowed ~40). onnxruntime-genai's model builder
-writes the whole model as one graph (attention as ``GroupQueryAttention``, the norms, the
-int8 projections and the LM head), so a decode step is one call.
+writes the whole model as one graph (``workers.ort_graph``), so a decode step is one call.
 
 The graph is run here with plain onnxruntime, not onnxruntime-genai's generator, so that the
 KV cache is ours (numpy arrays, bound in place with ``IOBinding``) and behaves as the lean
@@ -14,102 +13,27 @@ conversation copies a shared prefix, and the replies a worker generates together
 batched call. ``GroupQueryAttention`` reads each sequence's own length from the attention
 mask's row sums, so sequences of different lengths share a batch: their caches are placed in
 the slots of one ``Arena`` while they decode together (moved once when the batch changes).
-
-``build`` also cuts the graph's LM head to the last position: the builder computes logits for
-every prompt token, and on Qwen1.5-0.5B the LM head (a 151,936-token vocabulary) is a third
-of the weights, so a third of a prefill's matmuls went to logits nobody reads. Torch only
-samples here, on one thread: its pool spinning beside onnxruntime's took a third of the
-speed (30 against 47 tok/s, measured with the onnxruntime-genai generator this replaced).
+``forward_mixed`` adds a prompt chunk to a batch's decode step in the same call (the graph's
+"chunk" half: ``workers.ort_graph``), so the chunk does not pay for a pass over the weights.
+Torch only samples here, on one thread: its pool spinning beside onnxruntime's took a third
+of the speed (30 against 47 tok/s, measured with the onnxruntime-genai generator this replaced).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
 import mmap
-import shutil
-import subprocess
-import sys
 import weakref
-from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from workers.ort_graph import GRAPH, MARKER, attention_window
+
 log = logging.getLogger("workers")
-
-BUILD_OPTIONS = ("-p", "int8", "-e", "cpu", "--extra_options", "accuracy_level=4", "block_size=32")
-MARKER = "genai_config.json"  # what makes a directory an onnxruntime-genai model
-GRAPH = "model-last.onnx"  # the builder's graph with its LM head cut to the last position
-GRAPH_VERSION = "2"  # bump when what ``build`` writes changes
-
-
-def is_ort_model(path: str | None) -> bool:
-    return bool(path) and (Path(path) / GRAPH).is_file()
-
-
-def build(model_path: str, cache_dir: Path) -> Path:
-    """The onnxruntime graph of ``model_path`` (int8 weights in blocks of 32), built once."""
-    from workers.weights import weights_stamp
-
-    config = (Path(model_path) / "config.json").read_text()
-    key = hashlib.sha256(";".join([config, weights_stamp(model_path), *BUILD_OPTIONS, GRAPH_VERSION,
-                                   metadata.version("onnxruntime-genai")]).encode()).hexdigest()[:12]
-    out = cache_dir / "ort-genai" / f"{Path(model_path).name}-{key}"
-    if is_ort_model(str(out)):
-        return out
-    building = out.with_name(out.name + ".building")
-    shutil.rmtree(building, ignore_errors=True)
-    log.info("Building the onnxruntime graph of %s (int8, once)", model_path)
-    done = subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", model_path,
-                           "-o", str(building), "-c", str(building / "hub"), *BUILD_OPTIONS],
-                          capture_output=True, text=True, check=False)
-    if done.returncode != 0 or not (building / MARKER).is_file():
-        raise RuntimeError(f"onnxruntime-genai could not build {model_path}: {done.stderr.strip()[-2000:]}")
-    shutil.rmtree(building / "hub", ignore_errors=True)
-    _logits_of_last_position(building)
-    window = attention_window(building / GRAPH)
-    context = json.loads((building / MARKER).read_text())["model"]["context_length"]
-    if 0 < window < context:  # the KV buffer would be a ring: prefix reuse and truncation assume it is not
-        raise RuntimeError(f"{model_path} attends within a sliding window of {window} tokens, which this engine "
-                           "does not serve (as the lean decoder does not)")
-    building.rename(out)
-    return out
-
-
-def attention_window(graph: Path) -> int:
-    """The sliding window the builder wrote into the graph's attention (0: none). The KV buffer
-    must be at least this long, even for a short sequence (GroupQueryAttention refuses it)."""
-    import onnx
-
-    nodes = onnx.load(str(graph), load_external_data=False).graph.node
-    return max([a.i for n in nodes if n.op_type == "GroupQueryAttention" for a in n.attribute
-                if a.name == "local_window_size"] + [0])
-
-
-def _logits_of_last_position(path: Path) -> None:
-    """Write ``GRAPH``: the builder's graph with a Slice of the last position before the LM
-    head (the weights stay in the builder's external data file, untouched)."""
-    import onnx
-    from onnx import helper
-
-    model = onnx.load(str(path / "model.onnx"), load_external_data=False)
-    graph = model.graph
-    head = next(n for n in graph.node if "logits" in n.output)
-    hidden = head.input[0]
-    consts = [helper.make_tensor(f"/last/{name}", onnx.TensorProto.INT64, [1], [value])
-              for name, value in (("starts", -1), ("ends", 2**62), ("axes", 1))]
-    graph.initializer.extend(consts)
-    last = helper.make_node("Slice", [hidden, *(c.name for c in consts)], ["/last/hidden"], name="/last/Slice")
-    graph.node.insert(list(graph.node).index(head), last)
-    head.input[0] = "/last/hidden"
-    logits = next(o for o in graph.output if o.name == "logits")
-    logits.type.tensor_type.shape.dim[1].ClearField("dim_param")
-    logits.type.tensor_type.shape.dim[1].dim_value = 1
-    onnx.save(model, str(path / GRAPH))
 
 
 class OrtCache:
@@ -198,6 +122,9 @@ class OrtDecoder:
         self.kv_bytes_per_token = 2 * self.layers * self.kv_heads * self.head_size * 4
         self.least_capacity = attention_window(Path(path) / GRAPH)
         self.arena: Arena | None = None
+        self._bound: tuple[tuple, object] | None = None  # (where the kv arrays were, their binding): _kv_binding
+        self.no_rows = np.zeros((2, self.layers, 0, self.kv_heads, 1, self.head_size), np.float32)  # a call that
+        # only prefills: its decode half is empty
 
     def empty_kv(self, slots: int, capacity: int) -> np.ndarray:
         """Uninitialized KV memory in 4 KB pages, from an anonymous map of its own.
@@ -217,47 +144,87 @@ class OrtDecoder:
         """New token ids [S] after the cached ones → logits of the last position, [V] fp32."""
         new = ids.tolist()
         cache.reserve(cache.length + len(new))  # the engine reserved it all already; others may not
-        out = self._run(cache.kv, [new], [cache.length])
-        cache.ids.extend(new)
+        out = self._run(self.no_rows, [], [], cache, new, logits)
         return out[0] if logits else None
 
     def forward_batch(self, tokens: torch.Tensor, caches: list[OrtCache]) -> torch.Tensor:
-        """One token for each sequence, tokens [B] → logits [B, V]: one call for the batch."""
+        """One token for each sequence, tokens [B] → logits [B, V]: one call for the batch (the
+        last slot's sequence runs as a one-token chunk: the graph's chunk half is never empty)."""
         if len(caches) == 1:
             return self.forward(tokens, caches[0])[None]
+        kv, order = self._rows(caches)
+        new = tokens.tolist()
+        last = caches[order[-1]]
+        out = self._run(kv[:, :, :-1], [new[i] for i in order[:-1]], [caches[i] for i in order[:-1]],
+                        last, [new[order[-1]]], logits=True)
+        logits = torch.empty_like(out)
+        logits[order] = out
+        return logits
+
+    def forward_mixed(self, tokens: torch.Tensor, caches: list[OrtCache], ids: torch.Tensor, cache: OrtCache,
+                      logits: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``forward_batch(tokens, caches)`` and ``forward(ids, cache, logits)`` in one call: a
+        decode step for a batch and a prompt chunk of another sequence → (logits [B, V], the
+        chunk's last logits [V] or None)."""
+        new = ids.tolist()
+        cache.reserve(cache.length + len(new))
+        kv, order = self._rows(caches)  # may move ``cache`` out of an old arena: read its kv after this
+        step = tokens.tolist()
+        out = self._run(kv, [step[i] for i in order], [caches[i] for i in order], cache, new, logits)
+        rows = torch.empty_like(out[: len(caches)])
+        rows[order] = out[: len(caches)]
+        return rows, (out[-1] if logits else None)
+
+    def _rows(self, caches: list[OrtCache]) -> tuple[np.ndarray, list[int]]:
+        """The arena holding ``caches`` in its first slots, built anew when the batch changed,
+        and the order of the slots: slot s holds ``caches[order[s]]``."""
         for cache in caches:
             cache.reserve(cache.length + 1)  # a cache that must grow leaves the arena
         if self.arena is None or not self.arena.holds(caches):
             if self.arena is not None:
                 self.arena.release(caches)
             self.arena = Arena(self, caches)
-        order = sorted(range(len(caches)), key=lambda i: caches[i].slot)  # slot s holds caches[order[s]]
-        new = tokens.tolist()
-        out = self._run(self.arena.kv[:, :, : len(caches)], [[new[i]] for i in order],
-                        [caches[i].length for i in order])
-        for i in order:
-            caches[i].ids.append(new[i])
-        logits = torch.empty_like(out)
-        logits[order] = out
-        return logits
+        order = sorted(range(len(caches)), key=lambda i: caches[i].slot)
+        return self.arena.kv[:, :, : len(caches)], order
 
-    def _run(self, kv: np.ndarray, new: list[list[int]], cached: list[int]) -> torch.Tensor:
-        """One call of the graph: ``new`` tokens (equal counts) after ``cached`` ones for each
-        slot of ``kv``, whose keys and values are written in place → last logits [B, V]."""
-        batch, count = len(new), len(new[0])
-        mask = np.zeros((batch, max(cached) + count), np.int64)
-        for row, n in enumerate(cached):
-            mask[row, : n + count] = 1  # GroupQueryAttention: a row's sum is its sequence's length
-        logits = np.empty((batch, 1, self.vocab), np.float32)
+    def _kv_binding(self, rows: np.ndarray, chunk: np.ndarray):
+        """An ``IOBinding`` with every layer's keys and values bound in place, those of the decode
+        rows ``rows`` and of the chunk's sequence ``chunk``: the last one again when the arrays
+        are where they were (a conversation decoding, a prompt's chunks), since binding them
+        costs ~1 ms a call from Python (96 bindings each on Qwen1.5-0.5B), 2% of a decode step."""
+        where = tuple((kv.ctypes.data, kv.shape, kv.strides) for kv in (rows, chunk))
+        if self._bound is not None and self._bound[0] == where:
+            return self._bound[1]
         io = self.session.io_binding()
-        io.bind_cpu_input("input_ids", np.array(new, np.int64))
+        for kv, past, present in ((rows, "past_key_values", "present"), (chunk, "chunk_past", "chunk_present")):
+            shape = [kv.shape[2], self.kv_heads, kv.shape[4], self.head_size]
+            for layer in range(self.layers):
+                for i, name in enumerate(("key", "value")):
+                    pointer = kv[i, layer].ctypes.data  # contiguous per layer; read and written in place
+                    io.bind_input(f"{past}.{layer}.{name}", "cpu", 0, np.float32, shape, pointer)
+                    io.bind_output(f"{present}.{layer}.{name}", "cpu", 0, np.float32, shape, pointer)
+        self._bound = (where, io)
+        return io
+
+    def _run(self, rows: np.ndarray, row_tokens: list[int], row_caches: list[OrtCache], chunk: OrtCache,
+             chunk_tokens: list[int], logits: bool) -> torch.Tensor:
+        """One call of the graph: a token after each of ``row_caches`` (whose keys and values
+        are the slots of ``rows``) and ``chunk_tokens`` after ``chunk``'s, all written in place
+        → logits [rows (+ 1: the chunk's last position, with ``logits``), V]."""
+        lengths = [c.length for c in row_caches]
+        mask = np.zeros((len(lengths), max(lengths, default=0) + 1), np.int64)
+        for row, n in enumerate(lengths):
+            mask[row, : n + 1] = 1  # GroupQueryAttention: a row's sum is its sequence's length
+        positions = list(range(len(lengths))) + ([len(lengths) + len(chunk_tokens) - 1] if logits else [])
+        out = np.empty((1, len(positions), self.vocab), np.float32)
+        io = self._kv_binding(rows, chunk.kv)
+        io.bind_cpu_input("input_ids", np.array([row_tokens + chunk_tokens], np.int64))
         io.bind_cpu_input("attention_mask", mask)
-        shape = [batch, self.kv_heads, kv.shape[4], self.head_size]
-        for layer in range(self.layers):
-            for i, name in enumerate(("key", "value")):
-                pointer = kv[i, layer].ctypes.data  # contiguous per layer; read and written in place
-                io.bind_input(f"past_key_values.{layer}.{name}", "cpu", 0, np.float32, shape, pointer)
-                io.bind_output(f"present.{layer}.{name}", "cpu", 0, np.float32, shape, pointer)
-        io.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
+        io.bind_cpu_input("chunk_mask", np.ones((1, chunk.length + len(chunk_tokens)), np.int64))
+        io.bind_cpu_input("logit_positions", np.array(positions, np.int64))
+        io.bind_output("logits", "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
         self.session.run_with_iobinding(io)
-        return torch.from_numpy(logits[:, 0])
+        for cache, token in zip(row_caches, row_tokens, strict=True):
+            cache.ids.append(token)
+        chunk.ids.extend(chunk_tokens)
+        return torch.from_numpy(out[0])

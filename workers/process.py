@@ -148,45 +148,60 @@ class Admitted:
 
 @dataclass
 class ChunkSize:
-    """How many prompt tokens to prefill between two decode steps.
+    """How many prompt tokens to prefill with (or between) two decode steps.
 
-    A chunk costs a fixed part (one pass over the weights: about what a decode step costs,
-    since the onnxruntime graph reads them all on every call and the lean decoder's chunks
-    run on its decode kernels) plus a part per token (the arithmetic). Both are fitted, as
-    a least-squares line, to the last ``window`` chunks timed, and the next chunk is the
-    largest predicted to cost at most ``budget_steps`` decode steps: the other replies then
-    wait about ``1 + budget_steps`` steps per token while a prompt prefills.
+    The other replies in the batch should wait at most ``1 + budget_steps`` decode steps per
+    token while a prompt prefills, a step being the latest one timed without a chunk (their
+    pace before the prompt came). A chunk costs a fixed part (a pass over the weights, about
+    what a decode step costs) plus a part per token (the arithmetic): both are fitted, as a
+    least-squares line, to the last ``window`` chunks timed, and the next chunk is the largest
+    the line predicts to fit:
+
+    * ``fused`` (the chunk rides in the decode step's call, ``Engine.fuses_chunks``): the
+      whole call is timed, and may cost ``1 + budget_steps`` steps;
+    * otherwise the chunk is a call of its own after the step, and may cost ``budget_steps``.
+
+    Not a budget in multiples of the fitted fixed part: that is an extrapolation, and on the
+    graph it drifted from 50 to 100 ms over a 1,000-token prompt (the cost per token is not
+    quite a line), so the chunks grew with it and the others' longest gap reached 5.6x
+    their pace (measured on Zen 3).
 
     The line is refitted after every chunk because the cost per token grows as the prompt
     goes on (each new token attends to all before it): on the onnxruntime graph on an AVX2
     CPU, a prompt token cost ~4 ms at its start and 7-20 ms near its 900th (7 timed alone,
-    up to 20 between another reply's steps), against a 30-40 ms decode step. It starts at one token and at most doubles from one chunk to the
-    next, so a first guess cannot overshoot (the rule this replaced started at 8 tokens and
-    grew by an eighth after each chunk within budget).
+    up to 20 between another reply's steps), against a 30-40 ms decode step. It starts at
+    one token and at most doubles from one chunk to the next, so a first guess cannot
+    overshoot (the rule this replaced started at 8 tokens and grew by an eighth after each
+    chunk within budget).
     """
 
+    fused: bool = False
     tokens: int = 1
     least: int = 1
     most: int = PREFILL_FROM_ROWS - 1  # so chunks stay on the decode kernels, which cost no widening per call
     budget_steps: float = 1.5  # 1.25, tried on the graph on Zen 3, made the prompt take 64 s instead of 45 and the
-    # reply's longest gap 3.96x its earlier pace instead of 3.27x: its own steps slowed as its context grew meanwhile
+    # reply's longest gap 3.96x its earlier pace instead of 3.27x with chunks apart (its own steps slowed as its
+    # context grew meanwhile); with chunks in the step's call, 3.1-3.5x in two runs, no better than 1.5
     window: int = 16
-    step_s: float = 0.0  # the latest decode step's duration
+    step_s: float = 0.0  # the latest decode step's duration (without a chunk)
     timed: deque[tuple[int, float]] = field(default_factory=deque)  # (tokens, seconds) of the latest chunks
 
     def update(self, chunk_tokens: int, chunk_s: float) -> None:
+        """Record a chunk (``chunk_s``: the whole call where ``fused``) and size the next one."""
         if not self.step_s or chunk_tokens < self.tokens:  # a prompt's short tail says little
             return
         self.timed.append((chunk_tokens, chunk_s))
         while len(self.timed) > self.window:
             self.timed.popleft()
         fixed, per_token = self.cost_model()
-        fits = int((self.budget_steps * self.step_s - fixed) / per_token + 1e-6) if per_token > 0 else self.most
+        room = (self.budget_steps + (1 if self.fused else 0)) * self.step_s - fixed  # a fused call holds the step too
+        fits = int(room / per_token + 1e-6) if per_token > 0 else self.most
         self.tokens = max(self.least, min(self.most, 2 * chunk_tokens, fits))
 
     def cost_model(self) -> tuple[float, float]:
         """(fixed seconds, seconds per token) of a chunk: the least-squares line through the
-        chunks timed, or, while they all had one size, a fixed part of one decode step."""
+        chunks timed, or, while they all had one size, a fixed part of one decode step.
+        (A Theil-Sen line, robust to the VM's slow calls, was tried: no better in the gaps.)"""
         n = len(self.timed)
         mean_t = sum(t for t, _ in self.timed) / n
         mean_s = sum(s for _, s in self.timed) / n
@@ -212,7 +227,7 @@ class Batch:
         self.arrived: deque[Generate] = deque()
         self.active: dict[str, object] = {}  # request_id -> workers.engine.Sequence
         self.waiting: dict[str, Admitted] = {}  # prompt built, waiting for KV memory (arrival order)
-        self.chunk = ChunkSize()
+        self.chunk = ChunkSize(fused=engine.fuses_chunks)
 
     def admit(self, req: Generate) -> None:
         """Build the prompt, then start it when its KV memory fits (else it waits for a reply
@@ -243,16 +258,25 @@ class Batch:
                                        "soon as another one ends."))
 
     def step(self) -> None:
-        """One decode step for the prefilled requests, then one prefill chunk for the oldest
-        request still prefilling (all of it when nobody is waiting for tokens)."""
+        """One decode step for the prefilled requests and one prefill chunk for the oldest
+        request still prefilling (all of it when nobody is waiting for tokens): in the same
+        call where the decoder fuses them, else the chunk after the step."""
         seqs = list(self.active.values())
         decoding = [s for s in seqs if not s.pending]
+        prefilling = next((s for s in seqs if s.pending and s.reason is None), None)
+        if decoding and prefilling is not None and self.chunk.fused:  # the chunk rides in the step's call
+            size = min(self.chunk.tokens, len(prefilling.pending))
+            started = time.perf_counter()
+            for seq, step in self.engine.step(decoding, prefilling, size):
+                self._send(seq, step)
+            self.chunk.update(size, time.perf_counter() - started)
+            self._settle()
+            return
         if decoding:
             started = time.perf_counter()
             for seq, step in self.engine.step(decoding):
                 self._send(seq, step)
             self.chunk.step_s = time.perf_counter() - started
-        prefilling = next((s for s in seqs if s.pending and s.reason is None), None)
         if prefilling is not None:
             size = min(self.chunk.tokens, len(prefilling.pending)) if decoding else None
             started = time.perf_counter()

@@ -80,7 +80,7 @@ def localize(spec: WorkerSpec, model: str, cache_dir: str) -> WorkerSpec:
     if Path(spec.model_path).is_dir() and (spec.weights is None or Path(spec.weights).exists()):
         return spec
     from workers.loader import resolve_model
-    from workers.ort_decoder import build
+    from workers.ort_graph import build
     from workers.weights import prepare
 
     cache = Path(cache_dir).expanduser()
