@@ -16,3 +16,27 @@ def generate(engine: Engine, ids: list[int], params: SamplingParams, scope: str 
             text += step.text
     end = engine.finish(seq)
     return text + end.tail_text, end
+
+
+def prefill_within_steps(engine: Engine, ids: list[list[int]], params: SamplingParams,
+                         chunk_tokens: int) -> tuple[list[str], int]:
+    """The first prompts start and decode together; the last is prefilled ``chunk_tokens`` at a
+    time inside their decode steps' calls (``Engine.step(seqs, chunk_of=...)``), then decodes
+    with them. Each reply's text, and the calls its prefill took."""
+    assert engine.fuses_chunks
+    decoding = [engine.start(i, params)[0] for i in ids[:-1]]
+    late = engine.begin(ids[-1], params)
+    calls = 0
+    while late.pending:
+        before = [len(s.generated) for s in decoding]
+        engine.step(decoding, late, chunk_tokens)
+        calls += 1
+        assert all(len(s.generated) == n + 1 or s.reason is not None for s, n in zip(decoding, before, strict=True))
+    assert len(late.generated) == 1  # its first token came with its last chunk
+    seqs = [*decoding, late]
+    while any(s.reason is None for s in seqs):
+        engine.step(seqs)
+    texts = [engine.tokenizer.decode(s.generated) for s in seqs]
+    for seq in seqs:
+        engine.finish(seq)
+    return texts, calls

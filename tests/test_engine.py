@@ -5,7 +5,7 @@ import torch
 
 from app.config import load_config
 from tests.asks import CAPITAL
-from tests.generation import generate
+from tests.generation import generate, prefill_within_steps
 from workers.engine import Engine
 from workers.loader import load
 from workers.prompt import PromptTooLong, encode_chat
@@ -155,6 +155,18 @@ def test_batched_decode_gives_each_sequence_its_own_answer(smol_engine):
     together = [texts[id(seq)] + smol_engine.finish(seq).tail_text for seq in seqs]
     assert together == alone
     assert "Paris" in together[0]
+
+
+def test_a_prompt_prefilled_within_the_others_decode_steps_changes_no_answer(smol_engine):
+    """On the lean decoder too, a prompt's chunks ride in the decode steps' calls: one row of
+    tokens through the matmuls, each sequence attending over its own cache."""
+    params = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=24)
+    ids = [smol_engine.prompt([ChatMessage("user", q)], 24).ids for q in
+           (CAPITAL, "Name three colours.", "Please say, in one short sentence, what a river is.")]
+    alone = [run(smol_engine, i, params)[0] for i in ids]
+    together, calls = prefill_within_steps(smol_engine, ids, params, chunk_tokens=7)
+    assert calls == -(-len(ids[-1]) // 7)
+    assert [t.strip() for t in together] == [a.strip() for a in alone]
 
 
 def test_cancelled_sequence_reports_real_metrics_and_keeps_its_cache(smol_engine):

@@ -16,7 +16,7 @@ import torch
 from app.config import load_config
 from tests.asks import CAPITAL
 from tests.e2e import running_app
-from tests.generation import generate
+from tests.generation import generate, prefill_within_steps
 from tests.test_engine import make_engine
 from workers.engine import Engine
 from workers.loader import load
@@ -95,26 +95,12 @@ def test_replies_joining_and_leaving_a_batch_keep_their_own_answers(ort_engine):
 
 def test_a_prompt_prefilled_within_the_others_decode_steps_changes_no_answer(ort_engine):
     """The chunks of a prompt ride in the decode steps' calls (one pass over the weights for
-    both, ``Engine.step(seqs, chunk_of=...)``): every reply is as it is alone, the late one
-    too, and the prompt is in after one call per chunk."""
+    both): every reply is as it is alone, the late one too, one call per chunk."""
     prompts = [CAPITAL, "Name three colours.", "Please say, in one short sentence, what a river is."]
     ids = [ort_engine.prompt([ChatMessage("user", q)], 24).ids for q in prompts]
     alone = [generate(ort_engine, i, GREEDY)[0] for i in ids]
-    assert ort_engine.fuses_chunks
-    decoding = [ort_engine.start(i, GREEDY)[0] for i in ids[:2]]
-    late = ort_engine.begin(ids[2], GREEDY)
-    calls = 0
-    while late.pending:
-        before = [len(s.generated) for s in decoding]
-        ort_engine.step(decoding, late, 5)
-        calls += 1
-        assert all(len(s.generated) == n + 1 or s.reason is not None for s, n in zip(decoding, before, strict=True))
-    assert calls == -(-len(ids[2]) // 5) and len(late.generated) == 1  # its first token came with the last chunk
-    while any(s.reason is None for s in [*decoding, late]):
-        ort_engine.step([*decoding, late])
-    together = [ort_engine.tokenizer.decode(s.generated) for s in [*decoding, late]]
-    for seq in [*decoding, late]:
-        ort_engine.finish(seq)
+    together, calls = prefill_within_steps(ort_engine, ids, GREEDY, chunk_tokens=5)
+    assert calls == -(-len(ids[-1]) // 5)
     assert [t.strip() for t in together] == [a.strip() for a in alone]
 
 

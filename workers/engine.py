@@ -9,7 +9,7 @@
     finish(seq)        ─▶ keep its cache for the next turn, report its metrics
 
 ``start`` is ``begin`` plus a whole prefill. The worker loop admits requests with
-``begin``, prefills a long prompt in chunks between decode steps (so it never freezes the
+``begin``, prefills a long prompt in chunks with the decode steps (so it never freezes the
 other replies in the batch), steps all prefilled sequences together (several users share
 one pass over the weights) and ends one with ``finish`` on a stop token, the budget, or a
 Cancel — so a Stop takes effect within one decode step. The engine knows nothing about

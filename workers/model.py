@@ -14,17 +14,20 @@ forward pass alone, in the style of gpt-fast's ``model.py``:
   onnxruntime), with a decode path for a few rows and a prefill path for many;
 * the KV cache is pre-allocated and grows by doubling, so decode never concatenates;
 * ``forward_batch`` decodes one token for each of several sequences in one pass over the
-  weights (each with its own cache and position);
+  weights (each with its own cache and position), and ``forward_mixed`` adds another
+  sequence's prompt chunk to that pass: every call is one row of tokens through the matmuls,
+  each sequence's attending over its own cache;
 * weights are views into a memory-mapped file (see ``workers.weights``), so N workers
   share one copy through the page cache.
 
-Shapes: B = sequences decoded together (1 for a prefill); S = new tokens per sequence (1 in
-a batched decode); T = cached + new tokens; H / Hkv = query / kv heads; D = head dim;
-E = model width; V = vocabulary.
+Shapes: B = sequences in a call; S = new tokens of one sequence; T = all new tokens of a call
+(in ``_run``), or cached + new tokens of one sequence (in ``_attend``); H / Hkv = query / kv
+heads; D = head dim; E = model width; V = vocabulary.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -227,7 +230,7 @@ class Transformer:
     def forward(self, ids: torch.Tensor, cache: KVCache, logits: bool = True) -> torch.Tensor | None:
         """One sequence: new token ids [S] after its ``cache.length`` cached ones → last logits [V] fp32.
         ``logits=False`` (a prompt chunk that is not the last) fills the cache and skips the lm_head."""
-        out = self._run(ids.unsqueeze(0), [cache], logits)
+        out = self._run([ids.tolist()], [cache], [0] if logits else [])
         return out[0] if out is not None else None
 
     @torch.no_grad()
@@ -239,42 +242,60 @@ class Transformer:
         weights each row's result is bit-identical to decoding it alone; a bf16 GEMM may
         sum in another order at B > 1 (last-bit differences).
         """
-        return self._run(tokens.unsqueeze(1), caches)
+        return self._run([[t] for t in tokens.tolist()], caches, list(range(len(caches))))
 
-    def _run(self, ids: torch.Tensor, caches: list[KVCache], logits: bool = True) -> torch.Tensor | None:
-        """ids [B, S]: B = 1 (a prefill of S tokens) or S = 1 (a batched decode step)."""
+    @torch.no_grad()
+    def forward_mixed(self, tokens: torch.Tensor, caches: list[KVCache], ids: torch.Tensor, cache: KVCache,
+                      logits: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``forward_batch(tokens, caches)`` and ``forward(ids, cache, logits)`` in one pass over
+        the weights (a decode step and another sequence's prompt chunk) → (logits [B, V], the
+        chunk's last logits [V] or None)."""
+        b = len(caches)
+        out = self._run([[t] for t in tokens.tolist()] + [ids.tolist()], [*caches, cache],
+                        list(range(b + 1 if logits else b)))
+        return out[:b], (out[b] if logits else None)
+
+    def _run(self, new: list[list[int]], caches: list[KVCache], logits_of: list[int]) -> torch.Tensor | None:
+        """New tokens for each sequence (``new[b]`` after ``caches[b]``'s cached ones), all one row
+        of T tokens through the matmuls, each sequence's attending over its own cache → the
+        last position's logits of the sequences ``logits_of``, [len(logits_of), V] (None: none)."""
         a = self.args
-        B, S = ids.shape
+        counts = [len(n) for n in new]
+        ends = list(itertools.accumulate(counts))  # where each sequence's tokens end in the row
+        T = ends[-1]
         starts = [cache.length for cache in caches]
-        for cache in caches:
-            cache.reserve(cache.length + S)
-        cos, sin = self._rope(torch.tensor(starts).unsqueeze(1) + torch.arange(S))  # [B, S, 1, D]
+        for cache, n in zip(caches, counts, strict=True):
+            cache.reserve(cache.length + n)
+        cos, sin = self._rope(torch.cat([torch.arange(s, s + n) for s, n in zip(starts, counts, strict=True)])[None])
         # a new token sees the cached tokens and the new ones up to itself; one token sees all
-        masks = [torch.ones(S, start + S, dtype=torch.bool).tril(start) if S > 1 else None for start in starts]
+        masks = [torch.ones(n, s + n, dtype=torch.bool).tril(s) if n > 1 else None
+                 for s, n in zip(starts, counts, strict=True)]
         H, Hkv, D = a.n_heads, a.n_kv_heads, a.head_dim
-        prompt = S > 1  # linears take their prompt paths (see workers.linear.Linear)
-        x = self.embed[ids]  # [B, S, E]
+        prompt = max(counts) > 1  # linears take their prompt paths (see workers.linear.Linear)
+        x = self.embed[torch.tensor([t for n in new for t in n])][None]  # [1, T, E]
         for i, layer in enumerate(self.layers):
             h = self._norm(x, layer.attn_norm)
-            qkv = layer.qkv(h, prompt).view(B, S, H + 2 * Hkv, D)
+            qkv = layer.qkv(h, prompt).view(1, T, H + 2 * Hkv, D)
             qk = qkv[:, :, : H + Hkv]
             if layer.q_norm is not None:  # Qwen3: each head normed on its own, before RoPE
                 qk = torch.cat([self._norm(qk[:, :, :H], layer.q_norm), self._norm(qk[:, :, H:], layer.k_norm)], dim=2)
             qk = _apply_rope(qk, cos, sin)  # q and k heads rotated in one go
-            q = qk[:, :, :H].transpose(1, 2)  # [B, H, S, D]
-            k = qk[:, :, H:].transpose(1, 2)  # [B, Hkv, S, D]
-            v = qkv[:, :, H + Hkv :].transpose(1, 2)
-            o = torch.cat([_attend(caches[b], i, q[b : b + 1], k[b], v[b], starts[b], masks[b]) for b in range(B)])
-            x = x + layer.o(o.transpose(1, 2).reshape(B, S, H * D), prompt)  # o: [B, H, S, D]
+            q = qk[:, :, :H].transpose(1, 2)  # [1, H, T, D]
+            k = qk[0, :, H:].transpose(0, 1)  # [Hkv, T, D]
+            v = qkv[0, :, H + Hkv :].transpose(0, 1)
+            o = [_attend(cache, i, q[:, :, e - n : e], k[:, e - n : e], v[:, e - n : e], s, mask)
+                 for cache, n, e, s, mask in zip(caches, counts, ends, starts, masks, strict=True)]
+            o = o[0] if len(o) == 1 else torch.cat(o, dim=2)
+            x = x + layer.o(o.transpose(1, 2).reshape(1, T, H * D), prompt)  # o: [1, H, T, D]
             h = self._norm(x, layer.mlp_norm)
             gate, up = layer.gate_up(h, prompt).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up, prompt)
-        for cache in caches:
-            cache.length += S
-        if not logits:
+        for cache, n in zip(caches, counts, strict=True):
+            cache.length += n
+        if not logits_of:
             return None
-        x = self._norm(x[:, -1], self.norm)  # [B, E]
-        return self.lm_head(x).float()  # [B, V]: one row per sequence, the decode path
+        x = self._norm(x[0, [ends[b] - 1 for b in logits_of]], self.norm)  # [R, E]
+        return self.lm_head(x).float()  # [R, V]: one row per sequence, the decode path
 
     @property
     def linears(self) -> list[Linear]:

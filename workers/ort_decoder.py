@@ -22,7 +22,6 @@ of the speed (30 against 47 tok/s, measured with the onnxruntime-genai generator
 from __future__ import annotations
 
 import json
-import logging
 import math
 import mmap
 import weakref
@@ -32,8 +31,6 @@ import numpy as np
 import torch
 
 from workers.ort_graph import GRAPH, MARKER, attention_window
-
-log = logging.getLogger("workers")
 
 
 class OrtCache:

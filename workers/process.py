@@ -7,8 +7,9 @@ which is why torch and everything that imports it are imported inside ``run_work
 While generating, the loop reads the pipe between two decode steps without blocking: a new
 request joins the batch, a ``Cancel`` ends its request before the next step (so Stop takes
 effect within one decode step), ``Shutdown`` ends the loop. A new prompt is prefilled in
-chunks between decode steps, each sized to cost at most 1.5 decode steps (``ChunkSize``), so
-one user's long prompt delays the others' next tokens by a step or two, not by seconds.
+chunks with the decode steps (in the same call, where the decoder can), each sized to keep
+the others' wait within about 2.5 decode steps (``ChunkSize``), so one user's long prompt
+delays the others' next tokens by a step or two, not by seconds.
 """
 
 from __future__ import annotations
