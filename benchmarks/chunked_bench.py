@@ -1,4 +1,4 @@
-"""Chunked prefill alone: ``python -m benchmarks.chunked_bench`` (about 10 minutes on 2 cores).
+"""Chunked prefill alone: ``python -m benchmarks.chunked_bench`` (about 12 minutes on 2 cores).
 
 While a 1,000-token prompt prefills in a worker's own batch loop (``workers.process.Batch``),
 how long another reply in that worker waits between its tokens, and how long the prompt
