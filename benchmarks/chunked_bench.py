@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 
 from benchmarks import qwen_shape
-from benchmarks.run import CACHE, ROOT, _machine, save
-from benchmarks.stats import Summary, fmt
+from benchmarks.run import CACHE, _machine, run_module, save
+from benchmarks.stats import fmt, summarize_keys
 
 ENGINES = {"the app's default: engine measured here": "auto", "lean, measured kernel (--engine lean)": "lean"}
 
@@ -55,9 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"chunked prefill: {label} ...", flush=True)
         spec = {"engine": engine, "kernel": "auto", "threads": 2, "model": qwen, "cache_dir": str(CACHE),
                 "repeats": args.repeats}
-        out = subprocess.run([sys.executable, "-m", "benchmarks.chunked_bench", "--one", json.dumps(spec)], cwd=ROOT,
-                             capture_output=True, text=True, check=True)
-        results[label] = json.loads(out.stdout.strip().splitlines()[-1])
+        results[label] = run_module("benchmarks.chunked_bench", "--one", json.dumps(spec))
     lines = [f"CPU: {machine['cpus']} ({machine['cores']} cores), flags {' '.join(machine['flags'])}. "
              "Qwen1.5-0.5B shape, 2 threads; median (min–max) of "
              f"{args.repeats}. While a 1,000-token prompt prefills in the same worker, another reply's tokens:", "",
@@ -66,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     for label, r in results.items():
         r["summary"] = {}
         for way, runs in r["runs"].items():
-            s = r["summary"][way] = {key: Summary.of([run[key] for run in runs]).dict() for key in runs[0]}
+            s = r["summary"][way] = summarize_keys(runs)
             lines.append(f"| {label} | {r['kernel']['decode']} / {r['kernel']['prefill']} | {way} | "
                          f"{fmt(s['chunk_tokens'], 0)} | {fmt(s['usual_ms_per_token'])} | {fmt(s['longest_gap_ms'])} | "
                          f"{fmt(s['longest_gap_x'], 2)} | {fmt(s['longest_gap_steps'], 2)} | "

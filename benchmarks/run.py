@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from benchmarks import qwen_shape, serve_bench
-from benchmarks.stats import Summary, fmt
+from benchmarks.stats import Summary, fmt, summarize_keys
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path.home() / ".cache" / "cpu-chat"
@@ -48,8 +48,12 @@ CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16",
 
 def run_engine(spec: dict) -> dict:
     """Each configuration in a fresh process: thread pools are fixed at torch's first use."""
-    out = subprocess.run([sys.executable, "-m", "benchmarks.engine_bench", json.dumps(spec)], cwd=ROOT,
-                         capture_output=True, text=True, check=True)
+    return run_module("benchmarks.engine_bench", json.dumps(spec))
+
+
+def run_module(module: str, *args: str) -> dict:
+    """``python -m module args`` in a fresh process → the JSON its last line of output prints."""
+    out = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -141,8 +145,7 @@ def summarize(results: dict) -> dict:
                "private_weight_mb": round(r.get("private_weight_bytes", 0) / 2**20),
                "engine_timings_ms": r.get("engine_timings_ms")}
         if "chunked_prefill" in r:
-            row["chunked_prefill"] = {key: Summary.of([run[key] for run in r["chunked_prefill"]]).dict()
-                                      for key in r["chunked_prefill"][0]}
+            row["chunked_prefill"] = summarize_keys(r["chunked_prefill"])
         for length, values in r["prefill_ms"].items():
             s = Summary.of(values)
             row[f"prefill_{length}_ms"] = s.dict()

@@ -30,6 +30,11 @@ class Summary:
         return f"{self.median:.2f} ({self.min:.2f}–{self.max:.2f})"
 
 
+def summarize_keys(runs: list[dict]) -> dict:
+    """Runs that each give the same keys → each key's ``Summary.dict()`` over the runs."""
+    return {key: Summary.of([run[key] for run in runs]).dict() for key in runs[0]}
+
+
 def fmt(s: dict, digits: int = 1) -> str:
     """A ``Summary.dict()`` as the results tables print it: "median (min–max)"."""
     return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}–{s['max']:.{digits}f})"
