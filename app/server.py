@@ -149,7 +149,11 @@ def choose_engine(config: AppConfig, lean: ModelSource, layout: WorkerLayout, st
     choice = startup.engine = engine_choice.pick(timings)
     log.info("Engines measured: %s; serving on %s.",
              "; ".join(f"{name}: {t.summary()}" for name, t in timings.items()), choice.engine)
-    chosen = ort if choice.engine == "ort" else lean
+    chosen = lean
+    if choice.engine == "ort":  # with the prefill path measured worth its memory (engine_choice.pick_prefill)
+        prefill = timings["ort"].prefill
+        chosen = dataclasses.replace(ort, prefill=prefill, kernels=ort.kernels + (
+            "; prompts on an fp32 copy of the weights (private to each worker)" if prefill == "fp32" else ""))
     return dataclasses.replace(chosen, kernels=f"{chosen.kernels}; engine measured fastest: "
                                                f"{timings[choice.engine].summary()}")
 

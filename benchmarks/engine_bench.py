@@ -231,10 +231,12 @@ class Ort(Decoding):
 
         self.torch = torch
         graph = build(spec["model"], Path(spec["cache_dir"]))
-        loaded = load(spec["model"], weights=str(graph), threads=spec.get("threads") or 2)
+        prefill = spec.get("prefill") or "int8"  # the app's choice (engine_choice.pick_prefill), or forced
+        loaded = load(spec["model"], weights=str(graph), prefill=prefill, threads=spec.get("threads") or 2)
         self.decoder, self.tokenizer = loaded.decoder, loaded.tokenizer
         self.private_weight_bytes = loaded.private_weight_bytes
-        self.kernel = {"decode": "onnxruntime graph (int8)", "prefill": "same"}
+        self.kernel = {"decode": "onnxruntime graph (int8)", "prefill": "same" if prefill == "int8" else
+                       "its fp32 twin"}
 
 
 class Lean(Decoding):

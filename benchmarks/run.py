@@ -42,6 +42,7 @@ ENGINES = [  # label, spec (threads None = torch's default)
     ("lean, measured kernel choice (--engine lean)", {"engine": "lean", "kernel": "auto", "threads": 2}),
     *((f"lean, {k} forced", {"engine": "lean", "kernel": k, "threads": 2}) for k in KERNEL_ROWS),
     ("onnxruntime graph, int8 (--engine ort)", {"engine": "ort", "threads": 2}),
+    ("onnxruntime graph, prompts on its fp32 twin", {"engine": "ort", "prefill": "fp32", "threads": 2}),
 ]
 CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
 

@@ -16,7 +16,8 @@ import httpx
 from tests.asks import CAPITAL
 from tests.e2e import running_app
 from workers.cores import WorkerLayout
-from workers.engine_choice import Candidate, EngineTiming, measure, pick
+from workers.engine_choice import Candidate, EngineTiming, measure, pick, pick_prefill
+from workers.ort_decoder import PREFILL_PATHS
 
 
 def test_the_engine_with_the_faster_typical_turn_is_picked():
@@ -27,6 +28,15 @@ def test_the_engine_with_the_faster_typical_turn_is_picked():
     assert pick({"lean": lean, "ort": slow_batches}).engine == "lean"
     slow_prefill = EngineTiming(prefill_ms=4000.0, step_ms=21.0, batch_step_ms=40.0)  # a long wait for each reply
     assert pick({"lean": lean, "ort": slow_prefill}).engine == "lean"
+
+
+def test_the_fp32_prefill_is_kept_only_where_clearly_faster():
+    """Its private fp32 copy of the weights (~1.2 GB a worker on Qwen1.5-0.5B) must buy a prefill
+    at most ``WIDER_PREFILL_GAIN`` of the int8 one's time (Zen 3: 0.67x at 512 tokens)."""
+    assert pick_prefill({"int8": 1041.0, "fp32": 882.0}) == "fp32"  # Zen 3, Qwen1.5-0.5B shape, 128 tokens
+    assert pick_prefill({"int8": 1000.0, "fp32": 950.0}) == "int8"  # 5% is not worth the memory
+    assert pick_prefill({"int8": 400.0, "fp32": 620.0}) == "int8"  # int8 GEMMs with VNNI
+    assert pick_prefill({"int8": 400.0}) == "int8"
 
 
 def test_both_engines_are_measured_on_the_real_model_once(bundled_model, bundled_source, cache_dir, tmp_path):
@@ -41,6 +51,9 @@ def test_both_engines_are_measured_on_the_real_model_once(bundled_model, bundled
     for name, t in timings.items():
         assert 0 < t.step_ms < t.prefill_ms, (name, t)  # a step is one token, a prefill 128
         assert t.step_ms < t.batch_step_ms < 4 * t.step_ms * 1.5, (name, t)  # one pass serves the batch
+    ort = timings["ort"]  # both of the graph's prefill paths timed, the one kept is what it counts
+    assert set(ort.prefill_ms_by_path) == set(PREFILL_PATHS) and ort.prefill == pick_prefill(ort.prefill_ms_by_path)
+    assert ort.prefill_ms == ort.prefill_ms_by_path[ort.prefill] and timings["lean"].prefill is None
     [cached] = list((tmp_path / "engines").glob("*.json"))
     assert set(json.loads(cached.read_text())) == {"lean", "ort"}
     started = time.monotonic()
@@ -61,3 +74,6 @@ def test_the_app_serves_on_the_engine_it_measured_faster(tmp_path):
         assert "engine measured fastest" in kernels
         assert ("onnxruntime" in kernels) == (picked == "ort"), (picked, kernels)
         assert health["engine"]["engine"] == picked and set(health["engine"]["timings_ms"]) == {"lean", "ort"}
+        if picked == "ort":  # and prompts on the fp32 twin where that was measured worth its memory
+            wide = health["engine"]["timings_ms"]["ort"]["prefill"] == "fp32"
+            assert ("prompts on an fp32 copy of the weights" in kernels) == wide, kernels

@@ -194,17 +194,21 @@ def test_the_chosen_kernel_decodes_faster_here_than_plain_fp32(bundled_model, se
 
 
 def test_the_onnxruntime_graph_keeps_the_bundled_models_quality(bundled_model, cache_dir, text_ids, fp32_reference):
-    """``--engine ort`` (the engine ``auto`` may pick): the same bounds as every kernel's."""
+    """``--engine ort`` (the engine ``auto`` may pick): the same bounds as every kernel's, its
+    prompts prefilled on the int8 graph and on the fp32 twin (``PREFILL_PATHS``)."""
+    from workers.ort_decoder import PREFILL_PATHS
     from workers.ort_graph import build
 
-    graph = load(bundled_model.path, weights=str(build(bundled_model.path, cache_dir))).decoder
+    graph = load(bundled_model.path, weights=str(build(bundled_model.path, cache_dir)), prefill="fp32").decoder
     ppl_fp32, logits_fp32 = fp32_reference
-    ppl = perplexity(graph, text_ids)
+    ppl = perplexity(graph, text_ids)  # token by token: the int8 graph whatever the prefill path
     print(f"\nonnxruntime graph: perplexity {ppl:.3f} vs fp32 {ppl_fp32:.3f} ({ppl / ppl_fp32 - 1:+.2%})")
     assert ppl <= ppl_fp32 * 1.02
-    got = prefill_logits(graph, text_ids, range(40, 200, 16)).float()
-    kl = torch.nn.functional.kl_div(got.log_softmax(-1), logits_fp32.log_softmax(-1), log_target=True,
-                                    reduction="batchmean").item()
-    same_top = (got.argmax(-1) == logits_fp32.argmax(-1)).float().mean().item()
-    print(f"  prefill: KL {kl:.4f} nats, greedy token agrees {same_top:.0%}")
-    assert kl < 0.02 and same_top >= 0.8
+    for path in PREFILL_PATHS:
+        graph.prefill = path
+        got = prefill_logits(graph, text_ids, range(40, 200, 16)).float()
+        kl = torch.nn.functional.kl_div(got.log_softmax(-1), logits_fp32.log_softmax(-1), log_target=True,
+                                        reduction="batchmean").item()
+        same_top = (got.argmax(-1) == logits_fp32.argmax(-1)).float().mean().item()
+        print(f"  prefill on {path}: KL {kl:.4f} nats, greedy token agrees {same_top:.0%}")
+        assert kl < 0.02 and same_top >= 0.8, path

@@ -3,8 +3,9 @@
 Checked against the lean decoder in fp32 (the reference): its int8 logits stay close, its
 greedy answers are the lean decoder's, sequences batched together (joining and leaving as
 they start and finish) keep their own answers, and a conversation's next turn, or another
-conversation sharing its start, reuses the KV cache and answers as from an empty one. Then
-the app serves it end to end.
+conversation sharing its start, reuses the KV cache and answers as from an empty one. Each
+check runs with prompts prefilled on the int8 graph and on its fp32 twin
+(``workers.ort_decoder.PREFILL_PATHS``). Then the app serves it end to end.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from tests.generation import generate, prefill_within_steps
 from tests.test_engine import make_engine
 from workers.engine import Engine
 from workers.loader import load
+from workers.kernels import PREFILL_FROM_ROWS
+from workers.ort_decoder import PREFILL_PATHS
 from workers.protocol import ChatMessage, EngineConfig, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=24)
@@ -32,9 +35,10 @@ def ort_graph(bundled_model, cache_dir):
     return build(bundled_model.path, cache_dir)
 
 
-@pytest.fixture(scope="module")
-def ort_engine(bundled_model, ort_graph):
-    loaded = load(bundled_model.path, weights=str(ort_graph), threads=1)
+@pytest.fixture(scope="module", params=PREFILL_PATHS)
+def ort_engine(request, bundled_model, ort_graph):
+    """The graph, prompts prefilled on its int8 weights or on its fp32 twin (``PREFILL_PATHS``)."""
+    loaded = load(bundled_model.path, weights=str(ort_graph), prefill=request.param, threads=1)
     return Engine(loaded.decoder, loaded.tokenizer, loaded.stop_ids,
                   EngineConfig(max_context_tokens=load_config().max_context_tokens))
 
@@ -57,6 +61,19 @@ def test_its_int8_logits_stay_close_to_fp32(ort_engine, fp32_engine, bundled_tok
         kl.append(float((want.exp() * (want - got)).sum()))
         agree.append(int(got.argmax() == want.argmax()))
     assert sum(kl) / len(kl) < 0.02 and sum(agree) / len(agree) >= 0.8, (sum(kl) / len(kl), agree)
+
+
+def test_a_whole_prompt_prefilled_on_either_path_stays_close_to_fp32(ort_engine, fp32_engine, bundled_tokenizer):
+    """A prompt of ``PREFILL_FROM_ROWS`` tokens or more in one call: on the int8 graph, or on
+    its fp32 twin (the same int8 weights, dequantized), whichever this engine prefills with."""
+    text = "The lighthouse keeper climbed the stairs every evening to light the lamp. " * 4
+    ids = torch.tensor(bundled_tokenizer(text + "Some days the sea").input_ids)
+    assert len(ids) >= PREFILL_FROM_ROWS
+    ort, ref = ort_engine.decoder, fp32_engine.decoder
+    got = torch.log_softmax(ort.forward(ids, ort.new_cache()), -1)
+    want = torch.log_softmax(ref.forward(ids, ref.new_cache()), -1)
+    kl = float((want.exp() * (want - got)).sum())
+    assert kl < 0.02 and got.argmax() == want.argmax(), kl  # the int8 weights' rounding: ~0.003 on either path
 
 
 def test_greedy_answers_and_batched_sequences_match_the_reference(ort_engine, fp32_engine):
@@ -95,10 +112,18 @@ def test_replies_joining_and_leaving_a_batch_keep_their_own_answers(ort_engine):
 
 def test_a_prompt_prefilled_within_the_others_decode_steps_changes_no_answer(ort_engine):
     """The chunks of a prompt ride in the decode steps' calls (one pass over the weights for
-    both): every reply is as it is alone, the late one too, one call per chunk."""
+    both): every reply is as it is alone, the late one too, one call per chunk. Chunks run on
+    the int8 graph whatever the prefill path (a whole prompt may run on the fp32 twin), so
+    the late one is as it is alone with its prompt prefilled on int8."""
     prompts = [CAPITAL, "Name three colours.", "Please say, in one short sentence, what a river is."]
     ids = [ort_engine.prompt([ChatMessage("user", q)], 24).ids for q in prompts]
-    alone = [generate(ort_engine, i, GREEDY)[0] for i in ids]
+    decoder = ort_engine.decoder
+    alone = [generate(ort_engine, i, GREEDY)[0] for i in ids[:-1]]
+    path, decoder.prefill = decoder.prefill, "int8"
+    try:
+        alone.append(generate(ort_engine, ids[-1], GREEDY)[0])
+    finally:
+        decoder.prefill = path
     together, calls = prefill_within_steps(ort_engine, ids, GREEDY, chunk_tokens=5)
     assert calls == -(-len(ids[-1]) // 5)
     assert [t.strip() for t in together] == [a.strip() for a in alone]

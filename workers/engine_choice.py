@@ -10,6 +10,12 @@ threaded like a worker, and timed on the same work: a prefill of ``PREFILL_ROWS`
 decode step alone, and one for a full batch. ``pick`` weighs them as ``workers.choice``
 weighs kernels: a typical turn, half its reply decoded alone and half in a full batch.
 
+The graph has two ways to prefill (``workers.ort_decoder.PREFILL_PATHS``): on its int8
+weights, or on an fp32 twin that each worker would hold privately (~1.2 GB on Qwen1.5-0.5B).
+Both are timed in the graph's process; the fp32 one is kept only where it is clearly faster
+(``WIDER_PREFILL_GAIN``): on a Zen 3 it was (0.67x at 512 tokens), and where int8 GEMMs have
+VNNI it should not be, and then the memory is not spent.
+
     timings = measure({"lean": lean_source, "ort": ort_source}, layout, max_batch, cache_dir)
     choice = pick(timings)  # choice.engine: "lean" or "ort"
 """
@@ -28,7 +34,9 @@ from workers.calibrate import machine_id, run_pinned
 from workers.choice import PREFILL_ROWS, TURN_PROMPT_TOKENS, TURN_REPLY_TOKENS
 from workers.cores import WorkerLayout
 
-VERSION = 2  # bump when an engine changes what a step costs
+VERSION = 3  # bump when an engine changes what a step costs
+WIDER_PREFILL_GAIN = 0.9  # a prefill path holding a private fp32 copy must take at most this share of
+# the int8 path's time to be kept
 STEPS = 9  # decode steps timed at each batch size (the median counts)
 CONTEXT = 2 * PREFILL_ROWS  # what each sequence holds while its steps are timed
 
@@ -41,7 +49,7 @@ class Candidate:
     weights: str  # prepared lean weights, or an onnxruntime graph directory
     dtype: str = "float32"
     kernel: str | None = None  # the lean decoder's kernel (sets the thread policy it needs)
-    prefill: str | None = None
+    prefill: str | None = None  # the lean kernel's prefill path; for the graph, None: time each of its own
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,8 @@ class EngineTiming:
     prefill_ms: float  # PREFILL_ROWS prompt tokens
     step_ms: float  # one decode step, one sequence
     batch_step_ms: float  # one decode step for ``max_batch`` sequences together
+    prefill: str | None = None  # the graph's prefill path kept (``pick_prefill``); None: the lean decoder
+    prefill_ms_by_path: dict[str, float] = dataclasses.field(default_factory=dict)  # each path timed
 
     @property
     def turn_ms(self) -> float:
@@ -57,7 +67,10 @@ class EngineTiming:
         return TURN_PROMPT_TOKENS / PREFILL_ROWS * self.prefill_ms + TURN_REPLY_TOKENS * decode
 
     def summary(self) -> str:
-        return (f"prefill {PREFILL_ROWS} tokens {self.prefill_ms:.0f} ms, step {self.step_ms:.1f} ms, "
+        paths = "" if not self.prefill_ms_by_path else " (" + ", ".join(
+            f"{path} weights {ms:.0f} ms" + (", kept" if path == self.prefill else "")
+            for path, ms in self.prefill_ms_by_path.items()) + ")"
+        return (f"prefill {PREFILL_ROWS} tokens {self.prefill_ms:.0f} ms{paths}, step {self.step_ms:.1f} ms, "
                 f"batch step {self.batch_step_ms:.1f} ms")
 
 
@@ -83,6 +96,16 @@ class EngineChoice:
 def pick(timings: dict[str, EngineTiming]) -> EngineChoice:
     """The engine whose typical turn is fastest."""
     return EngineChoice(min(timings, key=lambda name: timings[name].turn_ms), timings)
+
+
+def pick_prefill(prefill_ms: dict[str, float]) -> str:
+    """Of the graph's prefill paths timed (cheapest in memory first), the one to load: a costlier
+    path must take at most ``WIDER_PREFILL_GAIN`` of the best cheaper one's time."""
+    kept, *others = prefill_ms
+    for path in others:
+        if prefill_ms[path] <= WIDER_PREFILL_GAIN * prefill_ms[kept]:
+            kept = path
+    return kept
 
 
 def measure(candidates: dict[str, Candidate], layout: WorkerLayout, max_batch: int,
@@ -116,9 +139,12 @@ def time_engine(c: Candidate, threads: int, max_batch: int) -> EngineTiming:
     import torch
 
     from workers.loader import load
+    from workers.ort_decoder import PREFILL_PATHS
+    from workers.ort_graph import is_ort_model
 
     torch.set_num_threads(threads)
-    decoder = load(c.model_path, c.dtype, c.weights, c.prefill, threads).decoder
+    paths = PREFILL_PATHS if is_ort_model(c.weights) and c.prefill is None else (c.prefill,)
+    decoder = load(c.model_path, c.dtype, c.weights, paths[-1], threads).decoder  # the last path loads them all
     prompt = torch.randint(10, 1000, (PREFILL_ROWS,), generator=torch.Generator().manual_seed(0))
     total = CONTEXT + 2 * STEPS + 1  # the first sequence takes every step
 
@@ -128,16 +154,23 @@ def time_engine(c: Candidate, threads: int, max_batch: int) -> EngineTiming:
         return (time.perf_counter() - started) * 1000
 
     with torch.no_grad():
-        prefills, first = [], None
-        for _ in range(3):  # the first also warms the graph or kernels up
-            cache = decoder.new_cache()
-            cache.reserve(total)
-            prefills.append(timed(lambda cache=cache: decoder.forward(prompt, cache)))
-            first = first or cache
+        prefill_ms, first = {}, None
+        for path in paths:
+            if len(paths) > 1:
+                decoder.prefill = path
+            prefills = []
+            for _ in range(3):  # the first also warms the graph or kernels up
+                cache = decoder.new_cache()
+                cache.reserve(total)
+                prefills.append(timed(lambda cache=cache: decoder.forward(prompt, cache)))
+                first = first or cache
+            prefill_ms[path] = statistics.median(prefills[1:])
+        kept = pick_prefill(prefill_ms) if len(paths) > 1 else None
         decoder.forward(prompt, first)  # every sequence holds CONTEXT tokens
         caches = [first] + [first.copy_prefix(CONTEXT, total) for _ in range(max_batch - 1)]
         token = torch.tensor([11])
         alone = [timed(lambda: decoder.forward_batch(token, caches[:1])) for _ in range(STEPS)]
         tokens = token.repeat(max_batch)
         together = [timed(lambda: decoder.forward_batch(tokens, caches)) for _ in range(STEPS)]
-    return EngineTiming(statistics.median(prefills[1:]), statistics.median(alone), statistics.median(together))
+    return EngineTiming(prefill_ms[kept or paths[0]], statistics.median(alone), statistics.median(together),
+                        kept, prefill_ms if kept else {})

@@ -196,7 +196,8 @@ def load(path: str, dtype: str = "float32", weights: str | None = None, prefill:
 
     ``weights`` is a file made by ``workers.weights.prepare`` (lean decoder, memory-mapped,
     packed for the kernel it names; ``prefill`` picks that kernel's prefill path), or a
-    directory made by ``workers.ort_decoder.build`` (one onnxruntime graph); without it the
+    directory made by ``workers.ort_graph.build`` (one onnxruntime graph; ``prefill`` "fp32"
+    loads its fp32 twin for prompts as well); without it the
     transformers model is loaded in ``dtype`` (any architecture, slower per token).
     """
     import torch
@@ -213,7 +214,7 @@ def load(path: str, dtype: str = "float32", weights: str | None = None, prefill:
         eos = None
     if is_ort_model(weights):
         before = anonymous_bytes()
-        decoder = OrtDecoder(weights, threads)
+        decoder = OrtDecoder(weights, threads, prefill or "int8")
         return Loaded(tokenizer, decoder, stop_token_ids(tokenizer, eos), max(0, anonymous_bytes() - before))
     if weights:
         from workers.model import Transformer

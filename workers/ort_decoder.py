@@ -15,6 +15,9 @@ mask's row sums, so sequences of different lengths share a batch: their caches a
 the slots of one ``Arena`` while they decode together (moved once when the batch changes).
 ``forward_mixed`` adds a prompt chunk to a batch's decode step in the same call (the graph's
 "chunk" half: ``workers.ort_graph``), so the chunk does not pay for a pass over the weights.
+With ``prefill="fp32"`` a prompt of ``PREFILL_FROM_ROWS`` tokens or more runs on the graph's
+fp32 twin instead (``workers.ort_graph.widen``: faster where int8 GEMMs lack VNNI), writing
+the same KV cache; decode steps and short chunks stay on the int8 graph.
 Torch only samples here, on one thread: its pool spinning beside onnxruntime's took a third
 of the speed (30 against 47 tok/s, measured with the onnxruntime-genai generator this replaced).
 """
@@ -30,7 +33,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from workers.ort_graph import GRAPH, MARKER, attention_window
+from workers.kernels import PREFILL_FROM_ROWS
+from workers.ort_graph import GRAPH, MARKER, PREFILL_GRAPH, attention_window
+
+PREFILL_PATHS = ("int8", "fp32")  # what a prompt runs on: the int8 graph, or its fp32 twin as well
 
 
 class OrtCache:
@@ -102,15 +108,24 @@ class Arena:
 
 
 class OrtDecoder:
-    """``forward``/``forward_batch`` over a graph directory made by ``build``."""
+    """``forward``/``forward_batch`` over a graph directory made by ``build``. ``prefill``: what
+    prompts of ``PREFILL_FROM_ROWS`` tokens or more run on (``PREFILL_PATHS``); with "fp32" both
+    graphs are loaded, and ``self.prefill`` may be switched between them (to time each)."""
 
-    def __init__(self, path: str, threads: int) -> None:
+    def __init__(self, path: str, threads: int, prefill: str = "int8") -> None:
         import onnxruntime as ort
 
+        if prefill not in PREFILL_PATHS:
+            raise ValueError(f"the onnxruntime graph has no prefill path {prefill!r} ({', '.join(PREFILL_PATHS)})")
         torch.set_num_threads(1)  # torch only samples here (see the module)
         options = ort.SessionOptions()
         options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
         self.session = ort.InferenceSession(str(Path(path) / GRAPH), options, providers=["CPUExecutionProvider"])
+        self.prefill_sessions = {"int8": self.session}
+        if prefill == "fp32":
+            self.prefill_sessions["fp32"] = ort.InferenceSession(str(Path(path) / PREFILL_GRAPH), options,
+                                                                 providers=["CPUExecutionProvider"])
+        self.prefill = prefill
         spec = json.loads((Path(path) / MARKER).read_text())["model"]
         d = spec["decoder"]
         self.max_seq_len = spec["context_length"]
@@ -119,7 +134,8 @@ class OrtDecoder:
         self.kv_bytes_per_token = 2 * self.layers * self.kv_heads * self.head_size * 4
         self.least_capacity = attention_window(Path(path) / GRAPH)
         self.arena: Arena | None = None
-        self._bound: tuple[tuple, object] | None = None  # (where the kv arrays were, their binding): _kv_binding
+        self._bound: dict[object, tuple[tuple, object]] = {}  # session -> (where the kv arrays were, their
+        # binding): _kv_binding
         self.no_rows = np.zeros((2, self.layers, 0, self.kv_heads, 1, self.head_size), np.float32)  # a call that
         # only prefills: its decode half is empty
 
@@ -141,7 +157,8 @@ class OrtDecoder:
         """New token ids [S] after the cached ones → logits of the last position, [V] fp32."""
         new = ids.tolist()
         cache.reserve(cache.length + len(new))  # the engine reserved it all already; others may not
-        out = self._run(self.no_rows, [], [], cache, new, logits)
+        session = self.prefill_sessions[self.prefill] if len(new) >= PREFILL_FROM_ROWS else self.session
+        out = self._run(self.no_rows, [], [], cache, new, logits, session)
         return out[0] if logits else None
 
     def forward_batch(self, tokens: torch.Tensor, caches: list[OrtCache]) -> torch.Tensor:
@@ -184,15 +201,15 @@ class OrtDecoder:
         order = sorted(range(len(caches)), key=lambda i: caches[i].slot)
         return self.arena.kv[:, :, : len(caches)], order
 
-    def _kv_binding(self, rows: np.ndarray, chunk: np.ndarray):
+    def _kv_binding(self, session, rows: np.ndarray, chunk: np.ndarray):
         """An ``IOBinding`` with every layer's keys and values bound in place, those of the decode
         rows ``rows`` and of the chunk's sequence ``chunk``: the last one again when the arrays
         are where they were (a conversation decoding, a prompt's chunks), since binding them
         costs ~1 ms a call from Python (96 bindings each on Qwen1.5-0.5B), 2% of a decode step."""
         where = tuple((kv.ctypes.data, kv.shape, kv.strides) for kv in (rows, chunk))
-        if self._bound is not None and self._bound[0] == where:
-            return self._bound[1]
-        io = self.session.io_binding()
+        if session in self._bound and self._bound[session][0] == where:
+            return self._bound[session][1]
+        io = session.io_binding()
         for kv, past, present in ((rows, "past_key_values", "present"), (chunk, "chunk_past", "chunk_present")):
             shape = [kv.shape[2], self.kv_heads, kv.shape[4], self.head_size]
             for layer in range(self.layers):
@@ -200,27 +217,29 @@ class OrtDecoder:
                     pointer = kv[i, layer].ctypes.data  # contiguous per layer; read and written in place
                     io.bind_input(f"{past}.{layer}.{name}", "cpu", 0, np.float32, shape, pointer)
                     io.bind_output(f"{present}.{layer}.{name}", "cpu", 0, np.float32, shape, pointer)
-        self._bound = (where, io)
+        self._bound[session] = (where, io)
         return io
 
     def _run(self, rows: np.ndarray, row_tokens: list[int], row_caches: list[OrtCache], chunk: OrtCache,
-             chunk_tokens: list[int], logits: bool) -> torch.Tensor:
-        """One call of the graph: a token after each of ``row_caches`` (whose keys and values
-        are the slots of ``rows``) and ``chunk_tokens`` after ``chunk``'s, all written in place
-        → logits [rows (+ 1: the chunk's last position, with ``logits``), V]."""
+             chunk_tokens: list[int], logits: bool, session=None) -> torch.Tensor:
+        """One call of ``session`` (the int8 graph by default): a token after each of
+        ``row_caches`` (whose keys and values are the slots of ``rows``) and ``chunk_tokens``
+        after ``chunk``'s, all written in place → logits [rows (+ 1: the chunk's last
+        position, with ``logits``), V]."""
+        session = session or self.session
         lengths = [c.length for c in row_caches]
         mask = np.zeros((len(lengths), max(lengths, default=0) + 1), np.int64)
         for row, n in enumerate(lengths):
             mask[row, : n + 1] = 1  # GroupQueryAttention: a row's sum is its sequence's length
         positions = list(range(len(lengths))) + ([len(lengths) + len(chunk_tokens) - 1] if logits else [])
         out = np.empty((1, len(positions), self.vocab), np.float32)
-        io = self._kv_binding(rows, chunk.kv)
+        io = self._kv_binding(session, rows, chunk.kv)
         io.bind_cpu_input("input_ids", np.array([row_tokens + chunk_tokens], np.int64))
         io.bind_cpu_input("attention_mask", mask)
         io.bind_cpu_input("chunk_mask", np.ones((1, chunk.length + len(chunk_tokens)), np.int64))
         io.bind_cpu_input("logit_positions", np.array(positions, np.int64))
         io.bind_output("logits", "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
-        self.session.run_with_iobinding(io)
+        session.run_with_iobinding(io)
         for cache, token in zip(row_caches, row_tokens, strict=True):
             cache.ids.append(token)
         chunk.ids.extend(chunk_tokens)
