@@ -99,11 +99,11 @@ def build_dispatcher(config: AppConfig) -> Dispatcher:
     ), pool_factory=pool_factory(config))
 
 
-def prepare_model(config: AppConfig, layout: WorkerLayout, startup: Startup) -> ModelSource:
+def prepare_model(config: AppConfig, layout: WorkerLayout, startup: Startup, workers: int = 1) -> ModelSource:
     """The slow part of start-up, run in a background thread: resolve (maybe download or
     convert) the model, measure the kernels, prepare the weights file for the chosen one,
     and (``--engine auto``) measure the lean decoder against the onnxruntime graph, telling
-    ``startup`` each stage."""
+    ``startup`` each stage. ``layout`` is the first worker's (what is measured), of ``workers``."""
     startup.step(f"finding {config.model}", stages.RESOLVING)
     model = resolve_model(config.model, Path(config.cache_dir).expanduser(), config.hub_timeout_s,
                           report=lambda what: startup.step(what, stages.FETCHING))
@@ -123,18 +123,23 @@ def prepare_model(config: AppConfig, layout: WorkerLayout, startup: Startup) -> 
     source = ModelSource(model.path, model.name, str(weights), choice.dtype, choice.decode, choice.prefill,
                          choice.summary())
     if config.engine == "auto" and config.quantize == "int8" and config.dtype == "auto" and config.kernel == "auto":
-        source = choose_engine(config, source, layout, startup)
+        source = choose_engine(config, source, layout, startup, workers)
     startup.step("starting the workers", stages.STARTING)
     return source
 
 
-def choose_engine(config: AppConfig, lean: ModelSource, layout: WorkerLayout, startup: Startup) -> ModelSource:
+def choose_engine(config: AppConfig, lean: ModelSource, layout: WorkerLayout, startup: Startup,
+                  workers: int = 1) -> ModelSource:
     """The lean decoder or the onnxruntime graph, whichever serves a typical turn faster here
     (``workers.engine_choice``: measured once per machine and model, cached). The graph is a
     candidate only where its model builder supports the architecture; if it cannot be built
-    or measured, the lean decoder serves, as it would without it."""
+    or measured, the lean decoder serves, as it would without it. The graph's fp32 twin for
+    prompts is loaded where it was measured worth it and ``workers`` copies of it fit in
+    memory (``engine_choice.twin_fits``)."""
     from workers import engine_choice
     from workers.engine_choice import Candidate
+    from workers.loader import available_bytes
+    from workers.ort_graph import prefill_graph_bytes
 
     try:
         ort = prepare_ort(config, startup.model, startup)
@@ -151,9 +156,17 @@ def choose_engine(config: AppConfig, lean: ModelSource, layout: WorkerLayout, st
              "; ".join(f"{name}: {t.summary()}" for name, t in timings.items()), choice.engine)
     chosen = lean
     if choice.engine == "ort":  # with the prefill path measured worth its memory (engine_choice.pick_prefill)
-        prefill = timings["ort"].prefill
-        chosen = dataclasses.replace(ort, prefill=prefill, kernels=ort.kernels + (
-            "; prompts on an fp32 copy of the weights (private to each worker)" if prefill == "fp32" else ""))
+        prefill, note = timings["ort"].prefill, ""
+        if prefill == "fp32":
+            twin, available = prefill_graph_bytes(ort.weights), available_bytes()
+            if engine_choice.twin_fits(twin, workers, available):
+                note = "; prompts on an fp32 copy of the weights (private to each worker)"
+            else:
+                why = (f"the faster fp32 copy ({twin / 2**30:.1f} GiB a worker) would not fit {workers} time(s) "
+                       f"in the {available / 2**30:.1f} GiB available")
+                log.warning("The graph prefills on its int8 weights: %s.", why)
+                prefill, note = "int8", f"; prompts on int8: {why}"
+        chosen = dataclasses.replace(ort, prefill=prefill, kernels=ort.kernels + note)
     return dataclasses.replace(chosen, kernels=f"{chosen.kernels}; engine measured fastest: "
                                                f"{timings[choice.engine].summary()}")
 
@@ -203,7 +216,7 @@ def start_in_background(config: AppConfig, dispatcher: Dispatcher, startup: Star
 
     def run() -> None:
         try:
-            source = prepare_model(config, dispatcher.config.layouts[0], startup)
+            source = prepare_model(config, dispatcher.config.layouts[0], startup, len(dispatcher.config.layouts))
         except Exception as exc:
             log.exception("Could not prepare the model %s", config.model)
             message = str(exc) if isinstance(exc, ModelNotFound) else f"{type(exc).__name__}: {exc}"

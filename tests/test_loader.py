@@ -8,6 +8,7 @@ from tests.generation import generate
 from workers.engine import Engine
 from workers.loader import (
     ModelNotFound,
+    available_bytes,
     bundled_gguf,
     check_spec,
     convert_gguf,
@@ -72,3 +73,13 @@ def test_newer_modelscope_ids_are_accepted_and_fall_back_offline(model_id, cache
     check_spec(model_id)
     model = resolve_model(model_id, cache_dir, hub_timeout_s=3.0)
     assert model.is_fallback and model_id in model.reason
+
+
+def test_available_memory_is_read_from_meminfo_and_unknown_is_zero(tmp_path):
+    """What ``twin_fits`` weighs the graph's fp32 twin against (0: unknown, so it does not fit)."""
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24576000 kB\nMemFree:         1000000 kB\nMemAvailable:   20000000 kB\n")
+    assert available_bytes(meminfo) == 20000000 * 1024
+    meminfo.write_text("MemTotal:       24576000 kB\n")
+    assert available_bytes(meminfo) == 0 and available_bytes(tmp_path / "missing") == 0
+    assert available_bytes() > 0  # this machine's own

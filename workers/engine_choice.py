@@ -14,7 +14,8 @@ The graph has two ways to prefill (``workers.ort_decoder.PREFILL_PATHS``): on it
 weights, or on an fp32 twin that each worker would hold privately (~1.2 GB on Qwen1.5-0.5B).
 Both are timed in the graph's process; the fp32 one is kept only where it is clearly faster
 (``WIDER_PREFILL_GAIN``): on a Zen 3 it was (0.67x at 512 tokens), and where int8 GEMMs have
-VNNI it should not be, and then the memory is not spent.
+VNNI it should not be, and then the memory is not spent. Even then the server loads it only
+where every worker's copy fits (``twin_fits``).
 
     timings = measure({"lean": lean_source, "ort": ort_source}, layout, max_batch, cache_dir)
     choice = pick(timings)  # choice.engine: "lean" or "ort"
@@ -106,6 +107,13 @@ def pick_prefill(prefill_ms: dict[str, float]) -> str:
         if prefill_ms[path] <= WIDER_PREFILL_GAIN * prefill_ms[kept]:
             kept = path
     return kept
+
+
+def twin_fits(twin_bytes: int, workers: int, available_bytes: int) -> bool:
+    """Whether every worker's private fp32 twin (``twin_bytes`` each) takes at most half the
+    memory available now: the rest is for the KV caches, the int8 weights and everything else.
+    Unknown memory (0) does not fit: a prefill a little slower beats a worker killed for memory."""
+    return workers * twin_bytes <= available_bytes / 2
 
 
 def measure(candidates: dict[str, Candidate], layout: WorkerLayout, max_batch: int,

@@ -180,6 +180,15 @@ class Loaded:
     private_weight_bytes: int = 0  # measured: memory of its own the decoder's kernels packed
 
 
+def available_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
+    """Memory the kernel says can be had now without swapping (``MemAvailable``); 0 if unknown."""
+    try:
+        line = next(line for line in meminfo.read_text().splitlines() if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return 0
+    return int(line.split()[1]) * 1024
+
+
 def anonymous_bytes(smaps: Path = Path("/proc/self/smaps_rollup")) -> int:
     """This process's anonymous (private, written) memory. A kernel's own packed copy of the
     weights adds to it; the shared weights map is file-backed and does not."""

@@ -94,6 +94,12 @@ def build(model_path: str, cache_dir: Path) -> Path:
     return out
 
 
+def prefill_graph_bytes(graph_dir: str) -> int:
+    """The fp32 twin's weights: about what each process that loads it holds privately
+    (onnxruntime prepacks them for its GEMM)."""
+    return (Path(graph_dir) / (PREFILL_GRAPH + ".data")).stat().st_size
+
+
 def attention_window(graph: Path) -> int:
     """The sliding window the builder wrote into the graph's attention (0: none). The KV buffer
     must be at least this long, even for a short sequence (GroupQueryAttention refuses it)."""
@@ -187,7 +193,9 @@ def mix(source: Path, dest: Path, head_size: int) -> None:
 def widen(source: Path, dest: Path) -> None:
     """Write ``source`` (the mixed graph) to ``dest`` with each layer's 8-bit ``MatMulNBits``
     an fp32 ``MatMul`` on its weights dequantized, in ``dest``'s own external data file. The LM
-    head stays int8: a prompt computes one row of logits, bound by reading the weights."""
+    head stays int8: a prompt computes one row of logits, bound by reading the weights. So do
+    nodes in a form this does not read (zero points, other widths): they are rare, and a
+    prompt on them is only as fast as on the int8 graph."""
     import numpy as np
     import onnx
     from onnx import TensorProto, helper
@@ -201,11 +209,13 @@ def widen(source: Path, dest: Path) -> None:
             if node.op_type != "MatMulNBits" or node.output[0] == "logits":
                 continue
             attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-            if attrs.get("bits") != 8 or len(node.input) != 3:  # no zero points: the default, 128
-                raise RuntimeError(f"cannot widen {node.name}: {attrs}, inputs {list(node.input)}")
+            if attrs.get("bits") != 8 or len(node.input) != 3:  # zero points or a bias of its own: stays int8
+                log.info("The fp32 twin keeps %s in int8 (bits %s, %d inputs)", node.name, attrs.get("bits"),
+                         len(node.input))
+                continue
             n, k = attrs["N"], attrs["K"]
-            q = _external(source.parent, tensors[node.input[1]], np.uint8).reshape(n, -1).astype(np.float32)
-            scales = _external(source.parent, tensors[node.input[2]], np.float32).reshape(n, -1, 1)
+            q = _values(source.parent, tensors[node.input[1]], np.uint8).reshape(n, -1).astype(np.float32)
+            scales = _values(source.parent, tensors[node.input[2]], np.float32).reshape(n, -1, 1)
             q -= 128
             weight = np.ascontiguousarray((q.reshape(n, -1, attrs["block_size"]) * scales).reshape(n, k).T)
             name = f"{node.input[1]}/fp32"
@@ -224,10 +234,13 @@ def widen(source: Path, dest: Path) -> None:
     onnx.save(model, str(dest))
 
 
-def _external(directory: Path, tensor, dtype):
-    """An initializer's values, read from the external data file it points into."""
+def _values(directory: Path, tensor, dtype):
+    """An initializer's values, flat: read from the external data file it points into, or its own."""
     import numpy as np
+    from onnx import TensorProto, numpy_helper
 
+    if tensor.data_location != TensorProto.EXTERNAL:
+        return numpy_helper.to_array(tensor).reshape(-1)
     where = {e.key: e.value for e in tensor.external_data}
     count = int(where["length"]) // np.dtype(dtype).itemsize
     return np.fromfile(directory / where["location"], dtype, count, offset=int(where.get("offset", 0)))
