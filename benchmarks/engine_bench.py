@@ -142,7 +142,7 @@ class Decoding:
         line ``ChunkSize`` fits to the calls; ``fuse=False`` runs the chunks apart anyway (an A/B)."""
         from app.config import load_config
         from workers.engine import Engine
-        from workers.process import Batch
+        from workers.process import Batch, WorkerSpec, warm_up
         from workers.protocol import ChatMessage, EngineConfig, Generate, SamplingParams
 
         class Discard:  # stands in for the pipe
@@ -167,17 +167,19 @@ class Decoding:
                     self.step_of[t] = max(self.chunk.step_s, self.chunk.cost_model()[0]) if fused else self.chunk.step_s
 
         config = EngineConfig(max_context_tokens=load_config().max_context_tokens)
-        batch = TimedBatch(Engine(self.decoder, self.tokenizer, set(), config), Discard(), 0)  # no stop ids
+        engine = Engine(self.decoder, self.tokenizer, set(), config)  # no stop ids
+        warm_up(engine, WorkerSpec.warmup_tokens)  # as a worker starts: every call shape it takes has run once
+        batch = TimedBatch(engine, Discard(), 0)
         batch.chunk.fused = batch.chunk.fused and fuse
+        text = self.tokenizer.decode(self.torch.randint(100, 40000, (prompt_tokens,)).tolist())
+        long_ids = self.tokenizer(text).input_ids[:prompt_tokens]
+        long_text = self.tokenizer.decode(long_ids)  # made before the reply's tokens are timed: not the worker's work
         params = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=4000)
         batch.admit(Generate("reply", (ChatMessage("user", "Hello"),), params))
         while len(batch.times["reply"]) < 30:
             batch.step()
-        text = self.tokenizer.decode(self.torch.randint(100, 40000, (prompt_tokens,)).tolist())
-        long_ids = self.tokenizer(text).input_ids[:prompt_tokens]
         sent = time.perf_counter()
-        batch.admit(Generate("long", (ChatMessage("user", self.tokenizer.decode(long_ids)),),
-                             SamplingParams(temperature=0.0, max_new_tokens=2)))
+        batch.admit(Generate("long", (ChatMessage("user", long_text),), SamplingParams(temperature=0.0, max_new_tokens=2)))
         while not batch.times["long"]:
             batch.step()
         first, reply = batch.times["long"][0], batch.times["reply"]
@@ -186,11 +188,12 @@ class Decoding:
         during = [(t, g) for t, g in gaps if sent <= t <= first]
         worst = max(g for _, g in during)
         worst_steps = max(g / batch.step_of[t] for t, g in during)
+        worst_at = max(range(len(during)), key=lambda i: during[i][1])  # which gap of the prompt's: 0, the first
         started = time.perf_counter()
         self.decoder.forward(self.torch.tensor(long_ids), self.decoder.new_cache())
         one_piece = time.perf_counter() - started
         return {"usual_ms_per_token": usual * 1000, "longest_gap_ms": worst * 1000, "longest_gap_x": worst / usual,
-                "longest_gap_steps": worst_steps,
+                "longest_gap_steps": worst_steps, "longest_gap_at": worst_at, "gaps_during": len(during),
                 "prefill_chunked_ms": (first - sent) * 1000, "prefill_one_piece_ms": one_piece * 1000,
                 "chunk_tokens": batch.chunk.tokens}
 

@@ -31,7 +31,7 @@ def test_the_engine_with_the_faster_typical_turn_is_picked():
 
 
 def test_the_fp32_prefill_is_kept_only_where_clearly_faster_and_it_fits():
-    """Its private fp32 copy of the weights (~1.2 GB a worker on Qwen1.5-0.5B) must buy a prefill
+    """Its private fp32 copy of the weights (~1.4 GB a worker on Qwen1.5-0.5B) must buy a prefill
     at most ``WIDER_PREFILL_GAIN`` of the int8 one's time (Zen 3: 0.67x at 512 tokens), and
     every worker's copy must fit in half the memory available."""
     assert pick_prefill({"int8": 1041.0, "fp32": 882.0}) == "fp32"  # Zen 3, Qwen1.5-0.5B shape, 128 tokens

@@ -33,7 +33,7 @@ Why: a prompt's matmuls are bound by arithmetic, and without VNNI (a Zen 3, AVX2
 fp32 GEMM outruns its int8 one: a 512-token prompt of the Qwen1.5-0.5B shape in 2.74 s
 against 4.11 s, 64 tokens in 406 against 525 ms (measured, same process). Decode steps stay
 on the int8 graph (bound by reading the weights). The fp32 copy costs each worker that loads
-it ~1.2 GB of private memory (onnxruntime prepacks it), so ``workers.engine_choice`` loads it
+it ~1.4 GB of private memory (onnxruntime prepacks it), so ``workers.engine_choice`` loads it
 only where it measures a prefill clearly faster.
 """
 

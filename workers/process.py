@@ -18,6 +18,7 @@ import ctypes
 import logging
 import os
 import signal
+import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -152,8 +153,9 @@ class ChunkSize:
     """How many prompt tokens to prefill with (or between) two decode steps.
 
     The other replies in the batch should wait at most ``1 + budget_steps`` decode steps per
-    token while a prompt prefills, a step being the latest one timed without a chunk (their
-    pace before the prompt came). A chunk costs a fixed part (a pass over the weights, about
+    token while a prompt prefills, a step being the median of the latest ones timed without a
+    chunk (their pace before the prompt came; the median, since one step in ten or so on a
+    busy VM takes 1.5-2x, and the latest alone then inflated every chunk of a prompt). A chunk costs a fixed part (a pass over the weights, about
     what a decode step costs) plus a part per token (the arithmetic): both are fitted, as a
     least-squares line, to the last ``window`` chunks timed, and the next chunk is the largest
     the line predicts to fit:
@@ -184,8 +186,17 @@ class ChunkSize:
     # reply's longest gap 3.96x its earlier pace instead of 3.27x with chunks apart (its own steps slowed as its
     # context grew meanwhile); with chunks in the step's call, 3.1-3.5x in two runs, no better than 1.5
     window: int = 16
-    step_s: float = 0.0  # the latest decode step's duration (without a chunk)
+    steps: deque[float] = field(default_factory=lambda: deque(maxlen=9))  # the latest decode steps without a
+    # chunk (seconds)
     timed: deque[tuple[int, float]] = field(default_factory=deque)  # (tokens, seconds) of the latest chunks
+
+    @property
+    def step_s(self) -> float:
+        """A decode step without a chunk: the median of the latest (0 before any)."""
+        return statistics.median(self.steps) if self.steps else 0.0
+
+    def record_step(self, seconds: float) -> None:
+        self.steps.append(seconds)
 
     def update(self, chunk_tokens: int, chunk_s: float) -> None:
         """Record a chunk (``chunk_s``: the whole call where ``fused``) and size the next one."""
@@ -277,7 +288,7 @@ class Batch:
             started = time.perf_counter()
             for seq, step in self.engine.step(decoding):
                 self._send(seq, step)
-            self.chunk.step_s = time.perf_counter() - started
+            self.chunk.record_step(time.perf_counter() - started)
         if prefilling is not None:
             size = min(self.chunk.tokens, len(prefilling.pending)) if decoding else None
             started = time.perf_counter()
