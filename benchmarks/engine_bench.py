@@ -179,7 +179,8 @@ class Decoding:
         while len(batch.times["reply"]) < 30:
             batch.step()
         sent = time.perf_counter()
-        batch.admit(Generate("long", (ChatMessage("user", long_text),), SamplingParams(temperature=0.0, max_new_tokens=2)))
+        batch.admit(Generate("long", (ChatMessage("user", long_text),),
+                             SamplingParams(temperature=0.0, max_new_tokens=2)))
         while not batch.times["long"]:
             batch.step()
         first, reply = batch.times["long"][0], batch.times["reply"]

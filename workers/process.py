@@ -155,7 +155,8 @@ class ChunkSize:
     The other replies in the batch should wait at most ``1 + budget_steps`` decode steps per
     token while a prompt prefills, a step being the median of the latest ones timed without a
     chunk (their pace before the prompt came; the median, since one step in ten or so on a
-    busy VM takes 1.5-2x, and the latest alone then inflated every chunk of a prompt). A chunk costs a fixed part (a pass over the weights, about
+    busy VM takes 1.5-2x, and the latest alone then inflated every chunk of a prompt). A
+    chunk costs a fixed part (a pass over the weights, about
     what a decode step costs) plus a part per token (the arithmetic): both are fitted, as a
     least-squares line, to the last ``window`` chunks timed, and the next chunk is the largest
     the line predicts to fit:
