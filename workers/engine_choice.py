@@ -151,8 +151,9 @@ def time_engine(c: Candidate, threads: int, max_batch: int) -> EngineTiming:
     from workers.ort_graph import is_ort_model
 
     torch.set_num_threads(threads)
-    paths = PREFILL_PATHS if is_ort_model(c.weights) and c.prefill is None else (c.prefill,)
-    decoder = load(c.model_path, c.dtype, c.weights, paths[-1], threads).decoder  # the last path loads them all
+    offered = PREFILL_PATHS if is_ort_model(c.weights) and c.prefill is None else ()  # the graph's, to time each
+    decoder = load(c.model_path, c.dtype, c.weights, offered[-1] if offered else c.prefill, threads).decoder  # the
+    # last path loads them all
     prompt = torch.randint(10, 1000, (PREFILL_ROWS,), generator=torch.Generator().manual_seed(0))
     total = CONTEXT + 2 * STEPS + 1  # the first sequence takes every step
 
@@ -163,8 +164,8 @@ def time_engine(c: Candidate, threads: int, max_batch: int) -> EngineTiming:
 
     with torch.no_grad():
         prefill_ms, first = {}, None
-        for path in paths:
-            if len(paths) > 1:
+        for path in offered or (None,):
+            if path:
                 decoder.prefill = path
             prefills = []
             for _ in range(3):  # the first also warms the graph or kernels up
@@ -173,12 +174,12 @@ def time_engine(c: Candidate, threads: int, max_batch: int) -> EngineTiming:
                 prefills.append(timed(lambda cache=cache: decoder.forward(prompt, cache)))
                 first = first or cache
             prefill_ms[path] = statistics.median(prefills[1:])
-        kept = pick_prefill(prefill_ms) if len(paths) > 1 else None
+        kept = pick_prefill(prefill_ms) if offered else None
         decoder.forward(prompt, first)  # every sequence holds CONTEXT tokens
         caches = [first] + [first.copy_prefix(CONTEXT, total) for _ in range(max_batch - 1)]
         token = torch.tensor([11])
         alone = [timed(lambda: decoder.forward_batch(token, caches[:1])) for _ in range(STEPS)]
         tokens = token.repeat(max_batch)
         together = [timed(lambda: decoder.forward_batch(tokens, caches)) for _ in range(STEPS)]
-    return EngineTiming(prefill_ms[kept or paths[0]], statistics.median(alone), statistics.median(together),
-                        kept, prefill_ms if kept else {})
+    return EngineTiming(prefill_ms[kept], statistics.median(alone), statistics.median(together),
+                        kept, prefill_ms if offered else {})

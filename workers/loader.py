@@ -182,21 +182,22 @@ class Loaded:
 
 def available_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
     """Memory the kernel says can be had now without swapping (``MemAvailable``); 0 if unknown."""
-    try:
-        line = next(line for line in meminfo.read_text().splitlines() if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration):
-        return 0
-    return int(line.split()[1]) * 1024
+    return _kib_field(meminfo, "MemAvailable:") * 1024
 
 
 def anonymous_bytes(smaps: Path = Path("/proc/self/smaps_rollup")) -> int:
     """This process's anonymous (private, written) memory. A kernel's own packed copy of the
     weights adds to it; the shared weights map is file-backed and does not."""
+    return _kib_field(smaps, "Anonymous:") * 1024
+
+
+def _kib_field(path: Path, key: str) -> int:
+    """The kB figure on the line of a /proc file that starts with ``key``; 0 if there is none."""
     try:
-        line = next(line for line in smaps.read_text().splitlines() if line.startswith("Anonymous:"))
+        line = next(line for line in path.read_text().splitlines() if line.startswith(key))
     except (OSError, StopIteration):
         return 0
-    return int(line.split()[1]) * 1024
+    return int(line.split()[1])
 
 
 def load(path: str, dtype: str = "float32", weights: str | None = None, prefill: str | None = None,
