@@ -99,7 +99,7 @@ def build_dispatcher(config: AppConfig) -> Dispatcher:
     ), pool_factory=pool_factory(config))
 
 
-def prepare_model(config: AppConfig, layout: WorkerLayout, startup: Startup, workers: int = 1) -> ModelSource:
+def prepare_model(config: AppConfig, layout: WorkerLayout, startup: Startup) -> ModelSource:
     """The slow part of start-up, run in a background thread: resolve (maybe download or
     convert) the model, measure the kernels, prepare the weights file for the chosen one,
     and (``--engine auto``) measure the lean decoder against the onnxruntime graph, telling
@@ -123,19 +123,18 @@ def prepare_model(config: AppConfig, layout: WorkerLayout, startup: Startup, wor
     source = ModelSource(model.path, model.name, str(weights), choice.dtype, choice.decode, choice.prefill,
                          choice.summary())
     if config.engine == "auto" and config.quantize == "int8" and config.dtype == "auto" and config.kernel == "auto":
-        source = choose_engine(config, source, layout, startup, workers)
+        source = choose_engine(config, source, layout, startup)
     startup.step("starting the workers", stages.STARTING)
     return source
 
 
-def choose_engine(config: AppConfig, lean: ModelSource, layout: WorkerLayout, startup: Startup,
-                  workers: int = 1) -> ModelSource:
+def choose_engine(config: AppConfig, lean: ModelSource, layout: WorkerLayout, startup: Startup) -> ModelSource:
     """The lean decoder or the onnxruntime graph, whichever serves a typical turn faster here
     (``workers.engine_choice``: measured once per machine and model, cached). The graph is a
     candidate only where its model builder supports the architecture; if it cannot be built
     or measured, the lean decoder serves, as it would without it. The graph's fp32 twin for
-    prompts is loaded where it was measured worth it and ``workers`` copies of it fit in
-    memory (``engine_choice.twin_fits``)."""
+    prompts is loaded where it was measured worth it and it fits in memory (one copy, mapped
+    by every worker: ``engine_choice.twin_fits``)."""
     from workers import engine_choice
     from workers.engine_choice import Candidate
     from workers.loader import available_bytes
@@ -159,11 +158,11 @@ def choose_engine(config: AppConfig, lean: ModelSource, layout: WorkerLayout, st
         prefill, note = timings["ort"].prefill, ""
         if prefill == "fp32":
             twin, available = prefill_graph_bytes(ort.weights), available_bytes()
-            if engine_choice.twin_fits(twin, workers, available):
-                note = "; prompts on an fp32 copy of the weights (private to each worker)"
+            if engine_choice.twin_fits(twin, available):
+                note = "; prompts on an fp32 copy of the weights (one, mapped by every worker)"
             else:
-                why = (f"the faster fp32 copy ({twin / 2**30:.1f} GiB a worker) would not fit {workers} time(s) "
-                       f"in the {available / 2**30:.1f} GiB available")
+                why = (f"the faster fp32 copy ({twin / 2**30:.1f} GiB) would not fit in half the "
+                       f"{available / 2**30:.1f} GiB available")
                 log.warning("The graph prefills on its int8 weights: %s.", why)
                 prefill, note = "int8", f"; prompts on int8: {why}"
         chosen = dataclasses.replace(ort, prefill=prefill, kernels=ort.kernels + note)
@@ -216,7 +215,7 @@ def start_in_background(config: AppConfig, dispatcher: Dispatcher, startup: Star
 
     def run() -> None:
         try:
-            source = prepare_model(config, dispatcher.config.layouts[0], startup, len(dispatcher.config.layouts))
+            source = prepare_model(config, dispatcher.config.layouts[0], startup)
         except Exception as exc:
             log.exception("Could not prepare the model %s", config.model)
             message = str(exc) if isinstance(exc, ModelNotFound) else f"{type(exc).__name__}: {exc}"

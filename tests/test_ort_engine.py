@@ -48,6 +48,32 @@ def fp32_engine(bundled_model, cache_dir):
     return make_engine(bundled_model.path, "fp32", cache_dir)
 
 
+def test_workers_map_the_packed_weights_instead_of_copying_them(ort_graph, bundled_tokenizer):
+    """A session on the graph as onnxruntime packed it (``packed``, written once per machine)
+    holds a fraction of the memory of its own that a session packing the weights itself does,
+    and computes the same logits."""
+    from workers.loader import anonymous_bytes
+    from workers.ort_decoder import open_session, packed
+    from workers.ort_graph import GRAPH
+
+    import onnxruntime as ort
+
+    ids = torch.tensor(bundled_tokenizer("The lighthouse keeper climbed the stairs").input_ids)
+    decoder = load(str(ort_graph), weights=str(ort_graph), threads=1).decoder
+    before = anonymous_bytes()
+    mapped = open_session(ort_graph / GRAPH, 1)
+    mapped_bytes, before = anonymous_bytes() - before, anonymous_bytes()
+    packing = ort.InferenceSession(str(ort_graph / GRAPH), providers=["CPUExecutionProvider"])
+    packing_bytes = anonymous_bytes() - before
+    assert packed(ort_graph / GRAPH).parent.name.startswith("model-mixed.packed-")
+    assert mapped_bytes < packing_bytes / 3, (mapped_bytes, packing_bytes)
+    logits = {}
+    for name, session in (("mapped", mapped), ("packing", packing)):
+        decoder.session = decoder.prefill_sessions["int8"] = session
+        logits[name] = decoder.forward(ids, decoder.new_cache())
+    assert torch.equal(logits["mapped"], logits["packing"])
+
+
 def test_its_int8_logits_stay_close_to_fp32(ort_engine, fp32_engine, bundled_tokenizer):
     text = "The lighthouse keeper climbed the stairs every evening to light the lamp. " * 4
     ids = bundled_tokenizer(text + "Some days the sea was calm; on others the waves broke over the rocks.").input_ids

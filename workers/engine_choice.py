@@ -11,11 +11,11 @@ decode step alone, and one for a full batch. ``pick`` weighs them as ``workers.c
 weighs kernels: a typical turn, half its reply decoded alone and half in a full batch.
 
 The graph has two ways to prefill (``workers.ort_decoder.PREFILL_PATHS``): on its int8
-weights, or on an fp32 twin that each worker would hold privately (1.37 GB on Qwen1.5-0.5B, measured).
+weights, or on an fp32 twin (1.2 GB more on Qwen1.5-0.5B, mapped by every worker from one packed file).
 Both are timed in the graph's process; the fp32 one is kept only where it is clearly faster
 (``WIDER_PREFILL_GAIN``): on a Zen 3 it was (0.67x at 512 tokens), and where int8 GEMMs have
 VNNI it should not be, and then the memory is not spent. Even then the server loads it only
-where every worker's copy fits (``twin_fits``).
+where it fits (``twin_fits``).
 
     timings = measure({"lean": lean_source, "ort": ort_source}, layout, max_batch, cache_dir)
     choice = pick(timings)  # choice.engine: "lean" or "ort"
@@ -109,11 +109,12 @@ def pick_prefill(prefill_ms: dict[str, float]) -> str:
     return kept
 
 
-def twin_fits(twin_bytes: int, workers: int, available_bytes: int) -> bool:
-    """Whether every worker's private fp32 twin (``twin_bytes`` each) takes at most half the
-    memory available now: the rest is for the KV caches, the int8 weights and everything else.
-    Unknown memory (0) does not fit: a prefill a little slower beats a worker killed for memory."""
-    return workers * twin_bytes <= available_bytes / 2
+def twin_fits(twin_bytes: int, available_bytes: int) -> bool:
+    """Whether the fp32 twin's packed weights (``twin_bytes``; one copy, mapped from a file by
+    every worker: ``workers.ort_decoder.packed``) take at most half the memory available now:
+    the rest is for the KV caches, the int8 weights and everything else. Unknown memory (0)
+    does not fit: a prefill a little slower beats a machine paging its weights in and out."""
+    return twin_bytes <= available_bytes / 2
 
 
 def measure(candidates: dict[str, Candidate], layout: WorkerLayout, max_batch: int,

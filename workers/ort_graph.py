@@ -32,9 +32,9 @@ layer's int8 ``MatMulNBits`` replaced by an fp32 ``MatMul`` on the same weights,
 Why: a prompt's matmuls are bound by arithmetic, and without VNNI (a Zen 3, AVX2 only) MLAS's
 fp32 GEMM outruns its int8 one: a 512-token prompt of the Qwen1.5-0.5B shape in 2.74 s
 against 4.11 s, 64 tokens in 406 against 525 ms (measured, same process). Decode steps stay
-on the int8 graph (bound by reading the weights). The fp32 copy costs each worker that loads
-it ~1.4 GB of private memory (onnxruntime prepacks it), so ``workers.engine_choice`` loads it
-only where it measures a prefill clearly faster.
+on the int8 graph (bound by reading the weights). The fp32 copy costs ~1.4 GB of memory as
+onnxruntime packs it (mapped from one file by every worker: ``workers.ort_decoder.packed``),
+so ``workers.engine_choice`` loads it only where it measures a prefill clearly faster.
 """
 
 from __future__ import annotations
@@ -95,8 +95,8 @@ def build(model_path: str, cache_dir: Path) -> Path:
 
 
 def prefill_graph_bytes(graph_dir: str) -> int:
-    """The fp32 twin's weights: about what each process that loads it holds privately
-    (onnxruntime prepacks them for its GEMM)."""
+    """The fp32 twin's weights: about what its packed copy takes in memory, once for all the
+    workers that map it (``workers.ort_decoder.packed``)."""
     return (Path(graph_dir) / (PREFILL_GRAPH + ".data")).stat().st_size
 
 
