@@ -6,8 +6,9 @@ takes in chunks and in one piece: the results table's chunked-prefill measure
 (``engine_bench.Decoding.chunked_prefill``), run alone so that a change to the chunking can
 be measured without the whole benchmark. The Qwen1.5-0.5B shape, 2 threads, on the app's
 default engine (measured here, as the app measures it) and on the lean decoder with its
-measured kernel, each in a fresh process; an engine that can run a chunk in the decode
-step's call runs it so and apart, alternately (the same-run before and after). Results go to
+measured kernel, each in a fresh process; each way the engine can take runs alternately
+(the same-run before and after): a prompt apart on half the threads (``PromptApart``, where
+the decoder has ``halves``), in chunks in the decode step's call, and in chunks of their own. Results go to
 ``benchmarks/results/<CPU class>/chunked.{json,md}``.
 """
 
@@ -25,19 +26,20 @@ ENGINES = {"the app's default: engine measured here": "auto", "lean, measured ke
 
 
 def measure(spec: dict) -> dict:
-    """In this process: the engine ``spec`` names, its chunked prefill timed ``repeats`` times;
-    on an engine that can run a chunk in the decode step's call, alternately so and apart
-    (each chunk a call of its own, as before it could), for a same-run comparison."""
+    """In this process: the engine ``spec`` names, its chunked prefill timed ``repeats`` times,
+    each way it can take in turn (see the module), for a same-run comparison."""
     from benchmarks.engine_bench import runner_for
 
     spec, runner = runner_for(spec)
-    ways = {"in the step's call": True, "a call of its own": False}
+    ways = {"apart, on half the threads": "default", "in the step's call": "fused", "a call of its own": "chunks"}
+    if getattr(runner.decoder, "halves", None) is None:
+        del ways["apart, on half the threads"]
     if not hasattr(runner.decoder, "forward_mixed"):
         del ways["in the step's call"]
     runs: dict[str, list[dict]] = {way: [] for way in ways}
     for _ in range(spec["repeats"]):
-        for way, fuse in ways.items():
-            runs[way].append(runner.chunked_prefill(fuse=fuse))
+        for label, way in ways.items():
+            runs[label].append(runner.chunked_prefill(way=way))
     return {"kernel": runner.kernel, "runs": runs}
 
 
@@ -58,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"CPU: {machine['cpus']} ({machine['cores']} cores), flags {' '.join(machine['flags'])}. "
              "Qwen1.5-0.5B shape, 2 threads; median (min–max) of "
              f"{args.repeats}. While a 1,000-token prompt prefills in the same worker, another reply's tokens:", "",
-             "| engine | kernels | prompt chunk | chunk tokens (last) | usual ms/token | longest gap ms | × usual | "
+             "| engine | kernels | the prompt | chunk tokens (last) | usual ms/token | longest gap ms | × usual | "
              "× its own step | prompt in chunks ms | in one piece ms |", "|---|---|---|---|---|---|---|---|---|---|"]
     for label, r in results.items():
         r["summary"] = {}
@@ -70,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"{fmt(s['prefill_chunked_ms'], 0)} | {fmt(s['prefill_one_piece_ms'], 0)} |")
     lines += ["", "× its own step: the gap over the decode step inside it (the reply's steps slow down as its own "
                   "context grows meanwhile; in the step's call, that step is the fixed part of the cost line fitted "
-                  "to the calls); × usual: over its time per token before the prompt came. The two ways of one "
-                  "engine ran alternately in one process."]
+                  "to the calls; apart, the 2-thread step before the prompt came); × usual: over its time per token "
+                  "before the prompt came. The ways of one engine ran alternately in one process."]
     save(machine, "chunked", {"machine": machine, "results": results}, "\n".join(lines) + "\n")
     return 0
 

@@ -127,7 +127,7 @@ class Decoding:
             token = self.decoder.forward(token, cache).argmax().view(1)
         return time.perf_counter() - started
 
-    def chunked_prefill(self, prompt_tokens: int = 1000, fuse: bool = True) -> dict:
+    def chunked_prefill(self, prompt_tokens: int = 1000, way: str = "default") -> dict:
         """One reply decoding in the worker's own batch loop when a ``prompt_tokens`` prompt
         arrives: the reply's usual ms per token, its longest gap while the prompt prefills
         in chunks, and what that prefill costs in chunks and in one piece (the gap there
@@ -139,10 +139,12 @@ class Decoding:
         reply's own steps grow slower as its context grows while the prompt prefills (its
         keys and values are read every step), which is not the prompt's doing. Where the chunk
         rides in the step's call (``Engine.fuses_chunks``), that step is the fixed part of the
-        line ``ChunkSize`` fits to the calls; ``fuse=False`` runs the chunks apart anyway (an A/B)."""
+        line ``ChunkSize`` fits to the calls. ``way`` (an A/B): "default", as the worker does it
+        (apart on half the threads where the engine has ``halves``); "fused", chunks in the
+        step's call; "chunks", each chunk a call of its own."""
         from app.config import load_config
         from workers.engine import Engine
-        from workers.process import Batch, WorkerSpec, warm_up
+        from workers.process import APART_TOKENS, Batch, WorkerSpec, warm_up
         from workers.protocol import ChatMessage, EngineConfig, Generate, SamplingParams
 
         class Discard:  # stands in for the pipe
@@ -166,11 +168,15 @@ class Decoding:
                 for t in self.times["reply"][sent:]:
                     self.step_of[t] = max(self.chunk.step_s, self.chunk.cost_model()[0]) if fused else self.chunk.step_s
 
+        class InChunks(Engine):  # the worker's engine, but without halves: its prompts prefill in chunks
+            halves = None
+
         config = EngineConfig(max_context_tokens=load_config().max_context_tokens)
-        engine = Engine(self.decoder, self.tokenizer, set(), config)  # no stop ids
+        engine = (Engine if way == "default" else InChunks)(self.decoder, self.tokenizer, set(), config)  # no stop ids
         warm_up(engine, WorkerSpec.warmup_tokens)  # as a worker starts: every call shape it takes has run once
         batch = TimedBatch(engine, Discard(), 0)
-        batch.chunk.fused = batch.chunk.fused and fuse
+        batch.chunk.fused = batch.chunk.fused and way != "chunks"
+        apart = engine.halves is not None
         text = self.tokenizer.decode(self.torch.randint(100, 40000, (prompt_tokens,)).tolist())
         long_ids = self.tokenizer(text).input_ids[:prompt_tokens]
         long_text = self.tokenizer.decode(long_ids)  # made before the reply's tokens are timed: not the worker's work
@@ -196,7 +202,7 @@ class Decoding:
         return {"usual_ms_per_token": usual * 1000, "longest_gap_ms": worst * 1000, "longest_gap_x": worst / usual,
                 "longest_gap_steps": worst_steps, "longest_gap_at": worst_at, "gaps_during": len(during),
                 "prefill_chunked_ms": (first - sent) * 1000, "prefill_one_piece_ms": one_piece * 1000,
-                "chunk_tokens": batch.chunk.tokens}
+                "chunk_tokens": APART_TOKENS if apart else batch.chunk.tokens, "apart": float(apart)}
 
     def conversation(self, reuse: bool) -> list[float]:
         """TTFT (ms) of each turn; each turn adds a user message and a forced reply to the history.

@@ -228,8 +228,9 @@ def markdown(report: dict) -> str:
                          f"{r['weight_gb_per_s_at_floor']} | {r['matmul_floor_tok_s']} | {r['step_overhead_ms']} |")
     lean = next(r for r in report["engines"] if r["config"] == AUTO)
     c = lean["chunked_prefill"]
+    how = ("apart, on half the worker's threads, in calls of" if c.get("apart", {}).get("median") else "in chunks of ~")
     lines += ["", f"Chunked prefill ({_kernel(lean)}): while a 1,000-token prompt prefills in the same worker "
-                  f"(chunks of ~{c['chunk_tokens']['median']:.0f} tokens), another reply's longest gap between tokens is "
+                  f"({how} {c['chunk_tokens']['median']:.0f} tokens), another reply's longest gap between tokens is "
                   f"{fmt(c['longest_gap_ms'], 2)} ms = {fmt(c['longest_gap_x'], 2)}× its usual "
                   f"{fmt(c['usual_ms_per_token'], 2)} ms per token"
                   + (f" ({fmt(c['longest_gap_steps'], 2)}× the decode step within it)" if "longest_gap_steps" in c else "")

@@ -1,9 +1,12 @@
-"""A long prompt is prefilled in chunks between decode steps: the other replies in its
-worker keep coming while it prefills (one real worker, the bundled model)."""
+"""A long prompt is prefilled in chunks between decode steps, or apart on half the worker's
+threads: the other replies in its worker keep coming while it prefills (one real worker, the
+bundled model: the lean decoder on one thread, which chunks; the onnxruntime graph on two,
+which prefills apart)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import statistics
 import time
@@ -21,10 +24,20 @@ SHORT = SamplingParams(temperature=0.0, max_new_tokens=8)
 LONG_PROMPT_TOKENS = 1000
 
 
-@pytest.fixture()
-def one_worker(bundled_source):
-    layout = plan_layout([(min(os.sched_getaffinity(0)),)], workers=1, threads_per_worker=1)
-    pool = Pool(bundled_source, layouts=layout)
+@pytest.fixture(params=["lean, chunks", "graph, apart"])
+def one_worker(request, bundled_source, bundled_model, cache_dir):
+    cpus = sorted(os.sched_getaffinity(0))
+    source, threads = bundled_source, 1
+    if request.param == "graph, apart":
+        from workers.ort_graph import build
+
+        if len(cpus) < 2:
+            pytest.skip("a prompt prefills apart on half of two threads or more (CI has 2 cores)")
+        source = dataclasses.replace(bundled_source, weights=str(build(bundled_model.path, cache_dir)), kernel=None,
+                                     prefill="fp32", kernels="onnxruntime graph")
+        threads = 2
+    layout = plan_layout([(cpu,) for cpu in cpus[:threads]], workers=1, threads_per_worker=threads)
+    pool = Pool(source, layouts=layout)
     yield pool.dispatcher, pool.run
     pool.close()
 
@@ -67,7 +80,8 @@ def test_another_users_reply_keeps_coming_while_a_long_prompt_prefills(one_worke
     print(f"\nusual {usual * 1000:.1f} ms/token, prefill {(first - sent) * 1000:.0f} ms, "
           f"longest gap meanwhile {max(during) * 1000:.1f} ms ({max(during) / usual:.1f}x); "
           f"gaps {[round(g * 1000) for g in during[:12]]} ...")
-    # Typically 2-2.6x (a decode step, then a chunk of at most 1.5 steps); the benchmark
+    # Typically 2-2.6x in chunks (a decode step, then a chunk of at most 1.5 steps), 1.6-1.9x
+    # apart (a step on half the threads); the benchmark
     # reports the longest gap on the 0.5B shape against the 3x target. Here, on a machine that
     # may be busy with other work, nine gaps in ten stay near it and a stray one is no freeze.
     assert statistics.quantiles(during, n=10)[-1] <= 3.5 * usual

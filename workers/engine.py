@@ -8,9 +8,11 @@
                           (decoders that fuse them: ``fuses_chunks``)
     finish(seq)        ─▶ keep its cache for the next turn, report its metrics
 
-``start`` is ``begin`` plus a whole prefill. The worker loop admits requests with
-``begin``, prefills a long prompt in chunks with the decode steps (so it never freezes the
-other replies in the batch), steps all prefilled sequences together (several users share
+``start`` is ``begin`` plus a whole prefill. ``prefill`` and ``step`` take a ``decoder``:
+one of the engine's ``halves``, where its decoder has them, so that a prompt prefills on
+half the threads while the others decode on the other half. The worker loop admits requests
+with ``begin``, prefills a long prompt apart or in chunks with the decode steps (so it never
+freezes the other replies in the batch), steps all prefilled sequences together (several users share
 one pass over the weights) and ends one with ``finish`` on a stop token, the budget, or a
 Cancel — so a Stop takes effect within one decode step. The engine knows nothing about
 pipes or requests; the prompt is ``workers.prompt``'s, the draw ``workers.sampling``'s.
@@ -155,38 +157,57 @@ class Engine:
         the decoder then reads its weights once for both."""
         return hasattr(self.decoder, "forward_mixed")
 
+    @property
+    def halves(self) -> tuple[object, object] | None:
+        """(a decoder for the batch's steps, one for a prompt) on two halves of the threads, where
+        the decoder has them (``OrtDecoder.halves``), else None. A prompt prefilled on its half
+        while the others decode on theirs (``workers.process.PromptApart``) neither waits for
+        their steps nor stretches them more than the lost threads do: on the Qwen1.5-0.5B shape
+        on 2 cores (Zen 3), a step on one thread took 1.6x one on two, and a 1,000-token prompt
+        14 s against 23-45 s in chunks within the steps, which stretched them 2.3x."""
+        return getattr(self.decoder, "halves", None)
+
+    def seat(self, seqs: list[Sequence], newcomer: Sequence) -> None:
+        """Before ``newcomer``'s prompt prefills beside the decoding ``seqs``: where the decoder
+        keeps a batch's caches together (``OrtDecoder.seat``), make room for it beside them."""
+        if (seat := getattr(self.decoder, "seat", None)) is not None:
+            seat([s.cache for s in seqs], newcomer.cache)
+
     @torch.no_grad()
-    def prefill(self, seq: Sequence, max_tokens: int | None = None) -> Step | None:
-        """Prefill up to ``max_tokens`` (default: all) of the prompt; once it is all in the
-        cache, sample the first token and return its step."""
+    def prefill(self, seq: Sequence, max_tokens: int | None = None, decoder=None) -> Step | None:
+        """Prefill up to ``max_tokens`` (default: all) of the prompt, on ``decoder`` (default: the
+        engine's; e.g. a half of ``halves``); once it is all in the cache, sample the first token
+        and return its step."""
         if not seq.pending:
             return None
-        logits = self.decoder.forward(torch.tensor(self._next_chunk(seq, max_tokens)), seq.cache,
-                                      logits=not seq.pending)  # [V]
+        logits = (decoder or self.decoder).forward(torch.tensor(self._next_chunk(seq, max_tokens)), seq.cache,
+                                                   logits=not seq.pending)  # [V]
         return None if seq.pending else self._take(seq, sample(logits, seq.params, seq.history, seq.generator), logits)
 
     @torch.no_grad()
     def step(self, seqs: list[Sequence], chunk_of: Sequence | None = None,
-             chunk_tokens: int | None = None) -> list[tuple[Sequence, Step]]:
-        """One decode step for every unfinished, prefilled sequence, batched; the new tokens' steps.
+             chunk_tokens: int | None = None, decoder=None) -> list[tuple[Sequence, Step]]:
+        """One decode step for every unfinished, prefilled sequence, batched (on ``decoder``,
+        default: the engine's); the new tokens' steps.
 
         With ``chunk_of`` (a sequence still prefilling; only where ``fuses_chunks``), up to
         ``chunk_tokens`` more of its prompt go into the same call, and once its prompt is all
         in, its first token's step comes with the others'."""
+        decoder = decoder or self.decoder
         live = [s for s in seqs if s.reason is None and not s.pending]
         if chunk_of is not None and not (live and chunk_of.pending and self.fuses_chunks):  # one after the other
-            steps = self.step(live)
-            first = self.prefill(chunk_of, chunk_tokens)
+            steps = self.step(live, decoder=decoder)
+            first = self.prefill(chunk_of, chunk_tokens, decoder)
             return steps + ([(chunk_of, first)] if first is not None else [])
         if not live:
             return []
         tokens = torch.tensor([s.generated[-1] for s in live])  # [B]
         caches = [s.cache for s in live]
         if chunk_of is None:
-            logits, last = self.decoder.forward_batch(tokens, caches), None  # [B, V]
+            logits, last = decoder.forward_batch(tokens, caches), None  # [B, V]
         else:
             chunk = torch.tensor(self._next_chunk(chunk_of, chunk_tokens))
-            logits, last = self.decoder.forward_mixed(tokens, caches, chunk, chunk_of.cache, logits=not chunk_of.pending)
+            logits, last = decoder.forward_mixed(tokens, caches, chunk, chunk_of.cache, logits=not chunk_of.pending)
         steps = []
         for seq, row in [*zip(live, logits, strict=True), *([(chunk_of, last)] if last is not None else [])]:
             step = self._take(seq, sample(row, seq.params, seq.history, seq.generator), row)

@@ -120,6 +120,7 @@ class OrtCache:
         self.kv = decoder.empty_kv(1, capacity)[:, :, 0:1]
         self.arena: Arena | None = None
         self.slot = 0
+        self.held = False  # being written by a thread of its own (workers.process.PromptApart): never moved
 
     @property
     def length(self) -> int:
@@ -171,17 +172,20 @@ class Arena:
 
     def release(self, keep: list[OrtCache]) -> None:
         """Give every member not in ``keep`` its own array again, so this one can be freed."""
-        for cache in (ref() for ref in self.members):
-            if cache is not None and cache.arena is self and cache not in keep:
+        for cache in (ref() for ref in self.members):  # one held stays where it is (its view keeps the memory)
+            if cache is not None and cache.arena is self and cache not in keep and not cache.held:
                 cache.move_to(cache.decoder.empty_kv(1, cache.capacity), 0)
 
 
 class OrtDecoder:
     """``forward``/``forward_batch`` over a graph directory made by ``build``. ``prefill``: what
     prompts of ``PREFILL_FROM_ROWS`` tokens or more run on (``PREFILL_PATHS``); with "fp32" both
-    graphs are loaded, and ``self.prefill`` may be switched between them (to time each)."""
+    graphs are loaded, and ``self.prefill`` may be switched between them (to time each). With
+    two threads or more (and ``halves``), ``self.halves`` holds two decoders on the same
+    graphs, each on half the threads, for a prompt to prefill beside the others' decode steps
+    (``Engine.halves``); any of the three runs on any cache."""
 
-    def __init__(self, path: str, threads: int, prefill: str = "int8") -> None:
+    def __init__(self, path: str, threads: int, prefill: str = "int8", halves: bool = True) -> None:
         if prefill not in PREFILL_PATHS:
             raise ValueError(f"the onnxruntime graph has no prefill path {prefill!r} ({', '.join(PREFILL_PATHS)})")
         torch.set_num_threads(1)  # torch only samples here (see the module)
@@ -191,6 +195,10 @@ class OrtDecoder:
         if prefill == "fp32":
             self.prefill_sessions["fp32"] = open_session(Path(path) / PREFILL_GRAPH, threads)
         self.prefill = prefill
+        self.halves = None  # (the batch's decoder, a prompt's): see ``Engine.halves``
+        if halves and threads >= 2:  # sessions mapping the same packed weights: ~30-60 MB more each
+            self.halves = (OrtDecoder(path, (threads + 1) // 2, halves=False),
+                           OrtDecoder(path, threads // 2, prefill, halves=False))
         spec = json.loads((Path(path) / MARKER).read_text())["model"]
         d = spec["decoder"]
         self.max_seq_len = spec["context_length"]
@@ -198,7 +206,11 @@ class OrtDecoder:
         self.layers, self.kv_heads, self.head_size = d["num_hidden_layers"], d["num_key_value_heads"], d["head_size"]
         self.kv_bytes_per_token = 2 * self.layers * self.kv_heads * self.head_size * 4
         self.least_capacity = attention_window(Path(path) / GRAPH)
-        self.arena: Arena | None = None
+        self.arena: Arena | None = None  # the batch's; its halves use this one's (``home``), so that a batch
+        # moving between them moves no cache
+        self.home = self
+        for half in self.halves or ():
+            half.home = self
         self._bound: dict[object, tuple[tuple, object]] = {}  # session -> (where the kv arrays were, their
         # binding): _kv_binding
         self.no_rows = np.zeros((2, self.layers, 0, self.kv_heads, 1, self.head_size), np.float32)  # a call that
@@ -254,17 +266,26 @@ class OrtDecoder:
         rows[order] = out[: len(caches)]
         return rows, (out[-1] if logits else None)
 
+    def seat(self, caches: list[OrtCache], newcomer: OrtCache) -> None:
+        """Place ``caches`` in the arena's first slots and ``newcomer`` in the next, before the
+        newcomer's prompt prefills (apart, or in chunks), so that it joins their steps without
+        moving: moving a 1,000-token prompt's keys and values into a new arena took 650 ms
+        (the fresh pages' faults, in a VM; Zen 3, Qwen1.5-0.5B shape), a stall of a dozen of
+        the others' steps."""
+        self._rows([*caches, newcomer])
+
     def _rows(self, caches: list[OrtCache]) -> tuple[np.ndarray, list[int]]:
         """The arena holding ``caches`` in its first slots, built anew when the batch changed,
         and the order of the slots: slot s holds ``caches[order[s]]``."""
+        home = self.home
         for cache in caches:
             cache.reserve(cache.length + 1)  # a cache that must grow leaves the arena
-        if self.arena is None or not self.arena.holds(caches):
-            if self.arena is not None:
-                self.arena.release(caches)
-            self.arena = Arena(self, caches)
+        if home.arena is None or not home.arena.holds(caches):
+            if home.arena is not None:
+                home.arena.release(caches)
+            home.arena = Arena(self, caches)
         order = sorted(range(len(caches)), key=lambda i: caches[i].slot)
-        return self.arena.kv[:, :, : len(caches)], order
+        return home.arena.kv[:, :, : len(caches)], order
 
     def _kv_binding(self, session, rows: np.ndarray, chunk: np.ndarray):
         """An ``IOBinding`` with every layer's keys and values bound in place, those of the decode

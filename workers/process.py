@@ -6,10 +6,12 @@ which is why torch and everything that imports it are imported inside ``run_work
 
 While generating, the loop reads the pipe between two decode steps without blocking: a new
 request joins the batch, a ``Cancel`` ends its request before the next step (so Stop takes
-effect within one decode step), ``Shutdown`` ends the loop. A new prompt is prefilled in
+effect within one decode step), ``Shutdown`` ends the loop. A new prompt that comes while
+others decode prefills apart, on a thread of its own and half the worker's threads, while
+they decode on the other half (``PromptApart``, where the engine has ``halves``); else in
 chunks with the decode steps (in the same call, where the decoder can), each sized to keep
-the others' wait within about 2.5 decode steps (``ChunkSize``), so one user's long prompt
-delays the others' next tokens by a step or two, not by seconds.
+the others' wait within about 2.5 decode steps (``ChunkSize``). Either way one user's long
+prompt slows the others' tokens down for a while; it does not freeze them for seconds.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import logging
 import os
 import signal
 import statistics
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -50,6 +53,7 @@ WARMUP_MESSAGES = (  # a short and a longer prompt: the two matmul paths (see wo
                          "and how I should phrase my questions to get the most useful answers."),),
 )
 PR_SET_PDEATHSIG = 1
+APART_TOKENS = 64  # prompt tokens per call of a prompt prefilling apart (PromptApart): a Stop waits for one
 
 
 @dataclass(frozen=True)
@@ -129,14 +133,18 @@ def load_engine(spec: WorkerSpec):
 
 
 def warm_up(engine, tokens: int) -> None:
-    """Two short greedy replies decoded as a batch, so the first users do not pay for lazy
-    initialisation (kernel selection, allocator growth) of any path they will take."""
+    """Two short greedy replies decoded as a batch, on the engine's decoder and on its
+    ``halves``, so the first users do not pay for lazy initialisation (kernel selection,
+    allocator growth) of any path they will take."""
     params = SamplingParams(temperature=0.0, max_new_tokens=tokens)
-    seqs = [engine.start(engine.prompt(list(m), tokens).ids, params)[0] for m in WARMUP_MESSAGES]
-    while any(seq.reason is None for seq in seqs):
-        engine.step(seqs)
-    for seq in seqs:
-        engine.finish(seq)
+    for batch, prompt in [(None, None), *([engine.halves] if engine.halves else [])]:
+        seqs = [engine.begin(engine.prompt(list(m), tokens).ids, params) for m in WARMUP_MESSAGES]
+        for seq in seqs:
+            engine.prefill(seq, decoder=prompt)
+        while any(seq.reason is None for seq in seqs):
+            engine.step(seqs, decoder=batch)
+        for seq in seqs:
+            engine.finish(seq)
 
 
 @dataclass(frozen=True)
@@ -227,13 +235,45 @@ class ChunkSize:
         return fixed, (mean_s - fixed) / mean_t
 
 
+class PromptApart:
+    """A prompt prefilling on a thread of its own, on the prompt's half of the worker's threads
+    (``Engine.halves``), while the batch decodes on the other half; on all of them, chunk by
+    chunk, once nobody else is decoding (``crowded``, set by the batch's loop).
+
+    The thread touches nothing but its sequence, which has left the batch meanwhile; the batch
+    takes it back, with its first token, once ``done`` (``Batch._join_apart``). A Stop is
+    seen between two chunks (``APART_TOKENS``: ~1 s on one thread of a Zen 3, Qwen1.5-0.5B
+    shape), so its memory is released only once the thread no longer writes its cache."""
+
+    def __init__(self, engine, seq, crowded: bool) -> None:
+        self.engine, self.seq, self.crowded = engine, seq, crowded
+        seq.cache.held = True  # not moved by the batch meanwhile (workers.ort_decoder.Arena.release)
+        self.first = None  # the first token's step, once prefilled
+        self.error: Exception | None = None
+        self.stop: str | None = None  # "cancelled" or "failed" (already reported) while it ran
+        self.done = threading.Event()
+        threading.Thread(target=self._run, name=f"prompt {seq.key}", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            while self.seq.pending and self.stop is None:
+                decoder = self.engine.halves[1] if self.crowded else None
+                self.first = self.engine.prefill(self.seq, APART_TOKENS, decoder)
+        except Exception as exc:  # noqa: BLE001 - reported by the batch's loop, as a failed step is
+            self.error = exc
+        finally:
+            self.done.set()
+
+
 class Batch:
     """The requests this worker is generating, stepped together; sends what each produces.
 
     A request goes ``arrived`` (read from the pipe) → ``waiting`` (prompt built, waiting for
     KV memory) → ``active`` (prefilling a chunk per loop, then decoding with the others).
     One arrival's prompt is built per loop, between two decode steps: a burst of requests
-    with megabytes of history must not hold up the replies already streaming."""
+    with megabytes of history must not hold up the replies already streaming. A prompt that
+    comes while others decode prefills apart, on half the threads (``PromptApart``), where
+    the engine has ``halves``; else in chunks with the decode steps (``ChunkSize``)."""
 
     def __init__(self, engine, conn, worker_id: int) -> None:
         self.engine, self.conn, self.worker_id = engine, conn, worker_id
@@ -241,6 +281,7 @@ class Batch:
         self.active: dict[str, object] = {}  # request_id -> workers.engine.Sequence
         self.waiting: dict[str, Admitted] = {}  # prompt built, waiting for KV memory (arrival order)
         self.chunk = ChunkSize(fused=engine.fuses_chunks)
+        self.apart: PromptApart | None = None  # its sequence is in none of the above meanwhile
 
     def admit(self, req: Generate) -> None:
         """Build the prompt, then start it when its KV memory fits (else it waits for a reply
@@ -271,12 +312,29 @@ class Batch:
                                        "soon as another one ends."))
 
     def step(self) -> None:
-        """One decode step for the prefilled requests and one prefill chunk for the oldest
-        request still prefilling (all of it when nobody is waiting for tokens): in the same
-        call where the decoder fuses them, else the chunk after the step."""
+        """One decode step for the prefilled requests, and for the oldest request still
+        prefilling: where the engine has ``halves`` and others decode, its whole prompt goes
+        apart (``PromptApart``; the next one waits for it); else one chunk (all of it when
+        nobody is waiting for tokens), in the same call where the decoder fuses them, else
+        after the step."""
+        self._join_apart()
         seqs = list(self.active.values())
         decoding = [s for s in seqs if not s.pending]
         prefilling = next((s for s in seqs if s.pending and s.reason is None), None)
+        if decoding and prefilling is not None and self.apart is None:  # (else it waits for the one apart)
+            self.engine.seat(decoding, prefilling)
+            if self.engine.halves is not None:
+                del self.active[prefilling.key]
+                self.apart, prefilling = PromptApart(self.engine, prefilling, crowded=True), None
+        if self.apart is not None:
+            self.apart.crowded = bool(decoding)
+            if decoding:
+                for seq, step in self.engine.step(decoding, decoder=self.engine.halves[0]):
+                    self._send(seq, step)
+            else:  # nothing to do but read the pipe now and then
+                self.apart.done.wait(0.05)
+            self._settle()
+            return
         if decoding and prefilling is not None and self.chunk.fused:  # the chunk rides in the step's call
             size = min(self.chunk.tokens, len(prefilling.pending))
             started = time.perf_counter()
@@ -300,9 +358,31 @@ class Batch:
                 self._send(prefilling, first)
         self._settle()
 
+    def _join_apart(self) -> None:
+        """Take back the prompt prefilled apart, once done: it decodes with the others from now
+        on, or ends (its memory free now that its thread is done with it)."""
+        job = self.apart
+        if job is None or not job.done.is_set():
+            return
+        self.apart, seq = None, job.seq
+        seq.cache.held = False
+        if job.stop == "failed":
+            self.engine.abandon(seq)
+        elif job.error is not None:
+            log.error("prefilling request %s failed", seq.key, exc_info=job.error)
+            self.engine.abandon(seq)
+            self.conn.send(Failed(seq.key, f"Generation failed on worker {self.worker_id}: "
+                                           f"{type(job.error).__name__}: {job.error}"))
+        elif job.stop == "cancelled":
+            self._finish(seq, FinishReason.CANCELLED)
+        else:
+            self.active[seq.key] = seq
+            if job.first is not None:
+                self._send(seq, job.first)
+
     @property
     def busy(self) -> bool:
-        return bool(self.active or self.arrived)
+        return bool(self.active or self.arrived or self.apart)
 
     def admit_next(self) -> None:
         """Build the prompt of the oldest arrival (one per loop: see the class)."""
@@ -331,8 +411,13 @@ class Batch:
             self._settle()
         elif self.waiting.pop(rid, None) is not None:
             self.conn.send(Done(rid, FinishReason.CANCELLED, Metrics(worker=self.worker_id)))
+        elif self.apart is not None and self.apart.seq.key == rid and self.apart.stop is None:
+            self.apart.stop = "cancelled"  # its Done goes once its thread stops (_join_apart)
 
     def fail_all(self, message: str) -> None:
+        if self.apart is not None and self.apart.stop is None:
+            self.apart.stop = "failed"  # its memory is released once its thread stops (_join_apart)
+            self.conn.send(Failed(self.apart.seq.key, message))
         for rid in [*self.active, *self.waiting, *(r.request_id for r in self.arrived)]:
             if (seq := self.active.pop(rid, None)) is not None:
                 self.engine.abandon(seq)  # its memory is free for the next ones
@@ -405,7 +490,7 @@ def serve_requests(engine, conn, worker_id: int) -> None:
             elif isinstance(msg, Generate):
                 batch.arrived.append(msg)
         batch.admit_next()
-        if batch.active:
+        if batch.active or batch.apart:
             try:
                 batch.step()
             except (EOFError, BrokenPipeError, ConnectionResetError):

@@ -1,0 +1,114 @@
+"""A prompt that arrives while others decode prefills apart, on half the worker's threads
+(``workers.process.PromptApart``), on the onnxruntime graph of the bundled model with two
+threads: it changes no answer, a Stop while it prefills ends it and frees its memory, and
+the worker goes on serving. (The others' gaps meanwhile: ``tests.test_chunked_prefill``.)"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from app.config import load_config
+from workers.engine import Engine
+from workers.loader import load
+from workers.process import APART_TOKENS, Batch
+from workers.protocol import ChatMessage, Chunk, Done, EngineConfig, FinishReason, Generate, SamplingParams
+
+pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="halves need two threads (CI has 2 cores)")
+
+REPLY = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=48)
+SHORT = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=8)
+
+
+class Outbox:
+    """Stands in for the worker's pipe: what the batch sends, in order."""
+
+    def __init__(self) -> None:
+        self.sent: list = []
+
+    def send(self, msg) -> None:
+        self.sent.append(msg)
+
+    def text(self, rid: str) -> str:
+        return "".join(m.text for m in self.sent if isinstance(m, Chunk) and m.request_id == rid)
+
+    def done(self, rid: str) -> Done | None:
+        return next((m for m in self.sent if isinstance(m, Done) and m.request_id == rid), None)
+
+
+@pytest.fixture(scope="module")
+def engine(bundled_model, cache_dir):
+    from workers.ort_graph import build
+
+    loaded = load(bundled_model.path, weights=str(build(bundled_model.path, cache_dir)), prefill="fp32", threads=2)
+    assert loaded.decoder.halves is not None
+    return Engine(loaded.decoder, loaded.tokenizer, loaded.stop_ids,
+                  EngineConfig(max_context_tokens=load_config().max_context_tokens))
+
+
+def long_messages(tokenizer, scope: str) -> tuple[ChatMessage, ...]:
+    text = " ".join(f"Note {i} from {scope}: the river flows past the old mill." for i in range(40))
+    return (ChatMessage("user", text + " What flows past the mill?"),)
+
+
+def alone(engine, rid: str, messages, params, scope: str) -> str:
+    """The reply with nothing else in the batch; the prompt in ``APART_TOKENS`` chunks on all the
+    threads, as it prefills apart (so activations are batched the same way)."""
+    seq = engine.begin(engine.prompt(list(messages), params.max_new_tokens).ids, params, scope)
+    steps = []
+    while seq.pending:
+        steps.append(engine.prefill(seq, APART_TOKENS))
+    while seq.reason is None:
+        steps += [step for _, step in engine.step([seq])]
+    text = "".join(step.text for step in steps if step is not None)
+    return text + engine.finish(seq).tail_text
+
+
+def test_a_prompt_prefilled_apart_changes_no_answer(engine, bundled_tokenizer):
+    hello = (ChatMessage("user", "Count from 1 to 30, one per line."),)
+    want_reply = alone(engine, "reply", hello, REPLY, "a")
+    want_long = alone(engine, "long", long_messages(bundled_tokenizer, "b"), SHORT, "b")
+    outbox = Outbox()
+    batch = Batch(engine, outbox, 0)
+    batch.admit(Generate("reply", hello, REPLY, scope="c"))
+    while len(outbox.text("reply")) < 8:
+        batch.step()
+    batch.admit(Generate("long", long_messages(bundled_tokenizer, "b"), SHORT, scope="d"))
+    batch.step()
+    assert batch.apart is not None and batch.apart.seq.pending  # prefilling beside the reply's steps
+    steps_meanwhile = 0
+    while batch.apart is not None:
+        batch.step()
+        steps_meanwhile += 1
+    while batch.busy:
+        batch.step()
+    assert steps_meanwhile > 1  # the reply kept decoding while the prompt prefilled
+    assert outbox.text("reply") == want_reply
+    assert outbox.text("long") == want_long
+    assert engine.conversations.committed == 0
+
+
+def test_a_stop_while_the_prompt_prefills_apart_ends_it_and_frees_its_memory(engine, bundled_tokenizer):
+    hello = (ChatMessage("user", "Count from 1 to 30, one per line."),)
+    outbox = Outbox()
+    batch = Batch(engine, outbox, 0)
+    batch.admit(Generate("reply", hello, REPLY, scope="e"))
+    while len(outbox.text("reply")) < 4:
+        batch.step()
+    batch.admit(Generate("long", long_messages(bundled_tokenizer, "f"), SHORT, scope="f"))
+    batch.step()
+    assert batch.apart is not None
+    batch.cancel("long")
+    while outbox.done("long") is None:
+        batch.step()
+    assert outbox.done("long").finish_reason == FinishReason.CANCELLED and not outbox.text("long")
+    assert batch.apart is None and "long" not in batch.active
+    while batch.busy:
+        batch.step()
+    assert outbox.done("reply").finish_reason == FinishReason.LENGTH
+    assert engine.conversations.committed == 0  # both released
+    batch.admit(Generate("again", long_messages(bundled_tokenizer, "g"), SHORT, scope="g"))
+    while batch.busy:  # and the worker serves the next one
+        batch.step()
+    assert outbox.text("again") == alone(engine, "again", long_messages(bundled_tokenizer, "g"), SHORT, "h")
