@@ -29,6 +29,7 @@ def prefill_within_steps(engine: Engine, ids: list[list[int]], params: SamplingP
     calls = 0
     while late.pending:
         before = [len(s.generated) for s in decoding]
+        engine.seat([s for s in decoding if s.reason is None], late)  # as the worker's loop does
         engine.step(decoding, late, chunk_tokens)
         calls += 1
         assert all(len(s.generated) == n + 1 or s.reason is not None for s, n in zip(decoding, before, strict=True))

@@ -111,13 +111,16 @@ def _options(threads: int):
 class OrtCache:
     """One sequence: the token ids it holds and their keys and values, ``kv`` of shape
     [2, layers, 1, kv heads, capacity, head size], float32 (the builder's CPU graphs keep
-    activations in fp32). ``kv`` is the cache's own array, or its slot in an ``Arena`` while
-    it decodes in a batch. Pages past ``length`` are never touched (``OrtDecoder.empty_kv``)."""
+    activations in fp32). ``kv`` is slot 0 of the cache's own array (``room``: two slots, the
+    other for a newcomer to be seated beside it, ``OrtDecoder.seat``), or its slot in an
+    ``Arena`` while it decodes in a batch. Pages past ``length`` are never touched
+    (``OrtDecoder.empty_kv``), nor is an empty slot."""
 
     def __init__(self, decoder: OrtDecoder, capacity: int = 256) -> None:
         self.decoder = decoder
         self.ids: list[int] = []
-        self.kv = decoder.empty_kv(1, capacity)[:, :, 0:1]
+        self.room: np.ndarray | None = decoder.own_kv(capacity)
+        self.kv = self.room[:, :, 0:1]
         self.arena: Arena | None = None
         self.slot = 0
         self.held = False  # being written by a thread of its own (workers.process.PromptApart): never moved
@@ -136,7 +139,7 @@ class OrtCache:
 
     def reserve(self, total: int) -> None:
         if total > self.capacity:
-            self.move_to(self.decoder.empty_kv(1, max(total, min(2 * self.capacity, self.decoder.max_seq_len))), 0)
+            self.move_to(self.decoder.own_kv(max(total, min(2 * self.capacity, self.decoder.max_seq_len))), 0)
 
     def truncate(self, length: int) -> None:
         """Forget everything after ``length`` tokens (the attention mask stops there)."""
@@ -150,21 +153,35 @@ class OrtCache:
         return copy
 
     def move_to(self, kv: np.ndarray, slot: int, arena: Arena | None = None) -> None:
-        """Copy what is cached into ``kv``'s ``slot`` and live there from now on."""
+        """Copy what is cached into ``kv``'s ``slot`` and live there from now on (``kv``: an
+        arena's, or, without ``arena``, a room of its own: ``OrtDecoder.own_kv``)."""
         dest = kv[:, :, slot : slot + 1]
-        dest[..., : self.length, :] = self.kv[..., : self.length, :]
+        if dest.ctypes.data != self.kv.ctypes.data:
+            dest[..., : self.length, :] = self.kv[..., : self.length, :]
         self.kv, self.arena, self.slot = dest, arena, slot
+        self.room = kv if arena is None else None
 
 
 class Arena:
     """The caches of the sequences decoding together, one slot each in one array, so that a
     step for all of them is one call: ``kv`` [2, layers, slots, kv heads, capacity, head size]."""
 
-    def __init__(self, decoder: OrtDecoder, caches: list[OrtCache]) -> None:
-        self.kv = decoder.empty_kv(len(caches), max(c.capacity for c in caches))
+    def __init__(self, decoder: OrtDecoder, caches: list[OrtCache], kv: np.ndarray | None = None) -> None:
+        """``kv``: the array to use (the first cache's room, where it is already in slot 0),
+        else a new one with a slot to spare for a newcomer (``OrtDecoder.seat``)."""
+        self.kv = decoder.empty_kv(len(caches) + 1, max(c.capacity for c in caches)) if kv is None else kv
         self.members = [weakref.ref(c) for c in caches]  # a cache dropped meanwhile need not move out
         for slot, cache in enumerate(caches):
             cache.move_to(self.kv, slot, self)
+
+    def take(self, newcomer: OrtCache, slot: int) -> None:
+        """Seat ``newcomer`` in ``slot``, moving out whoever sat there (a kept conversation)."""
+        for cache in (ref() for ref in self.members):
+            if cache is not None and cache is not newcomer and cache.arena is self and cache.slot == slot:
+                cache.move_to(cache.decoder.own_kv(cache.capacity), 0)
+        if newcomer.arena is not self or newcomer.slot != slot:
+            newcomer.move_to(self.kv, slot, self)
+            self.members.append(weakref.ref(newcomer))
 
     def holds(self, caches: list[OrtCache]) -> bool:
         """Whether ``caches`` are exactly the first ``len(caches)`` slots (in any order)."""
@@ -174,7 +191,7 @@ class Arena:
         """Give every member not in ``keep`` its own array again, so this one can be freed."""
         for cache in (ref() for ref in self.members):  # one held stays where it is (its view keeps the memory)
             if cache is not None and cache.arena is self and cache not in keep and not cache.held:
-                cache.move_to(cache.decoder.empty_kv(1, cache.capacity), 0)
+                cache.move_to(cache.decoder.own_kv(cache.capacity), 0)
 
 
 class OrtDecoder:
@@ -227,6 +244,11 @@ class OrtDecoder:
         shape = (2, self.layers, slots, self.kv_heads, max(capacity, self.least_capacity), self.head_size)
         return np.frombuffer(mmap.mmap(-1, math.prod(shape) * 4), np.float32).reshape(shape)
 
+    def own_kv(self, capacity: int) -> np.ndarray:
+        """A cache's own array: two slots, the cache in the first, the second left for a
+        newcomer (``seat``); a slot never written costs no memory."""
+        return self.empty_kv(2, capacity)
+
     def new_cache(self) -> OrtCache:
         return OrtCache(self)
 
@@ -271,8 +293,21 @@ class OrtDecoder:
         newcomer's prompt prefills (apart, or in chunks), so that it joins their steps without
         moving: moving a 1,000-token prompt's keys and values into a new arena took 650 ms
         (the fresh pages' faults, in a VM; Zen 3, Qwen1.5-0.5B shape), a stall of a dozen of
-        the others' steps."""
-        self._rows([*caches, newcomer])
+        the others' steps. Where they are seated already (the arena holds them in its first
+        slots, or one alone has its own room) and the spare slot is long enough, only the
+        newcomer moves (its cached prefix, if any): so does none of theirs."""
+        home, slot = self.home, len(caches)
+        arena = home.arena
+        if arena is not None and arena.holds(caches) and arena.kv.shape[2] > slot and \
+                newcomer.capacity <= arena.kv.shape[4]:
+            arena.take(newcomer, slot)
+        elif slot == 1 and caches[0].room is not None and newcomer.capacity <= caches[0].capacity:
+            if arena is not None:
+                arena.release(caches)
+            home.arena = Arena(self, caches, kv=caches[0].room)
+            home.arena.take(newcomer, slot)
+        else:
+            self._rows([*caches, newcomer])
 
     def _rows(self, caches: list[OrtCache]) -> tuple[np.ndarray, list[int]]:
         """The arena holding ``caches`` in its first slots, built anew when the batch changed,
