@@ -112,3 +112,21 @@ def test_a_stop_while_the_prompt_prefills_apart_ends_it_and_frees_its_memory(eng
     while batch.busy:  # and the worker serves the next one
         batch.step()
     assert outbox.text("again") == alone(engine, "again", long_messages(bundled_tokenizer, "g"), SHORT, "h")
+
+
+def test_a_prompt_seated_beside_a_reply_joins_its_steps_without_moving_either(engine):
+    """Moving a long prompt's keys and values into the batch's array when it joins stalled the
+    others for a dozen steps (650 ms on the Qwen1.5-0.5B shape): it is seated first, in the
+    reply's spare slot, and nothing moves when their steps batch together."""
+    import torch
+
+    decoder = engine.decoder
+    reply, prompt = decoder.new_cache(), decoder.new_cache()
+    reply.reserve(300)
+    decoder.forward(torch.arange(10, 40), reply)
+    decoder.seat([reply], prompt)
+    where = reply.kv.ctypes.data, prompt.kv.ctypes.data
+    decoder.forward(torch.arange(100, 300), prompt)  # prefilled where it sits
+    decoder.forward_batch(torch.tensor([7, 8]), [reply, prompt])  # and batched: no move
+    assert (reply.kv.ctypes.data, prompt.kv.ctypes.data) == where
+    assert reply.length == 31 and prompt.length == 201
