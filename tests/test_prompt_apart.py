@@ -19,6 +19,7 @@ pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="halves
 
 REPLY = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=48)
 SHORT = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=8)
+HELLO = (ChatMessage("user", "Count from 1 to 30, one per line."),)
 
 
 class Outbox:
@@ -47,7 +48,7 @@ def engine(bundled_model, cache_dir):
                   EngineConfig(max_context_tokens=load_config().max_context_tokens))
 
 
-def long_messages(tokenizer, scope: str) -> tuple[ChatMessage, ...]:
+def long_messages(scope: str) -> tuple[ChatMessage, ...]:
     text = " ".join(f"Note {i} from {scope}: the river flows past the old mill." for i in range(40))
     return (ChatMessage("user", text + " What flows past the mill?"),)
 
@@ -65,18 +66,24 @@ def alone(engine, rid: str, messages, params, scope: str) -> str:
     return text + engine.finish(seq).tail_text
 
 
-def test_a_prompt_prefilled_apart_changes_no_answer(engine, bundled_tokenizer):
-    hello = (ChatMessage("user", "Count from 1 to 30, one per line."),)
-    want_reply = alone(engine, "reply", hello, REPLY, "a")
-    want_long = alone(engine, "long", long_messages(bundled_tokenizer, "b"), SHORT, "b")
+def apart_beside_a_reply(engine, scope: str, reply_chars: int) -> tuple[Batch, Outbox]:
+    """A batch streaming a reply, once ``reply_chars`` of it came, sent a long prompt (in a
+    scope of its own, so nothing of it is cached): it has gone apart."""
     outbox = Outbox()
     batch = Batch(engine, outbox, 0)
-    batch.admit(Generate("reply", hello, REPLY, scope="c"))
-    while len(outbox.text("reply")) < 8:
+    batch.admit(Generate("reply", HELLO, REPLY, scope=scope + "-reply"))
+    while len(outbox.text("reply")) < reply_chars:
         batch.step()
-    batch.admit(Generate("long", long_messages(bundled_tokenizer, "b"), SHORT, scope="d"))
+    batch.admit(Generate("long", long_messages(scope), SHORT, scope=scope))
     batch.step()
     assert batch.apart is not None and batch.apart.seq.pending  # prefilling beside the reply's steps
+    return batch, outbox
+
+
+def test_a_prompt_prefilled_apart_changes_no_answer(engine):
+    want_reply = alone(engine, "reply", HELLO, REPLY, "a")
+    want_long = alone(engine, "long", long_messages("b"), SHORT, "b-alone")
+    batch, outbox = apart_beside_a_reply(engine, "b", reply_chars=8)
     steps_meanwhile = 0
     while batch.apart is not None:
         batch.step()
@@ -89,16 +96,8 @@ def test_a_prompt_prefilled_apart_changes_no_answer(engine, bundled_tokenizer):
     assert engine.conversations.committed == 0
 
 
-def test_a_stop_while_the_prompt_prefills_apart_ends_it_and_frees_its_memory(engine, bundled_tokenizer):
-    hello = (ChatMessage("user", "Count from 1 to 30, one per line."),)
-    outbox = Outbox()
-    batch = Batch(engine, outbox, 0)
-    batch.admit(Generate("reply", hello, REPLY, scope="e"))
-    while len(outbox.text("reply")) < 4:
-        batch.step()
-    batch.admit(Generate("long", long_messages(bundled_tokenizer, "f"), SHORT, scope="f"))
-    batch.step()
-    assert batch.apart is not None
+def test_a_stop_while_the_prompt_prefills_apart_ends_it_and_frees_its_memory(engine):
+    batch, outbox = apart_beside_a_reply(engine, "f", reply_chars=4)
     batch.cancel("long")
     while outbox.done("long") is None:
         batch.step()
@@ -108,10 +107,10 @@ def test_a_stop_while_the_prompt_prefills_apart_ends_it_and_frees_its_memory(eng
         batch.step()
     assert outbox.done("reply").finish_reason == FinishReason.LENGTH
     assert engine.conversations.committed == 0  # both released
-    batch.admit(Generate("again", long_messages(bundled_tokenizer, "g"), SHORT, scope="g"))
+    batch.admit(Generate("again", long_messages("g"), SHORT, scope="g"))
     while batch.busy:  # and the worker serves the next one
         batch.step()
-    assert outbox.text("again") == alone(engine, "again", long_messages(bundled_tokenizer, "g"), SHORT, "h")
+    assert outbox.text("again") == alone(engine, "again", long_messages("g"), SHORT, "h")
 
 
 def test_a_prompt_seated_beside_a_reply_joins_its_steps_without_moving_either(engine):

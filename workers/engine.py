@@ -11,11 +11,12 @@
 ``start`` is ``begin`` plus a whole prefill. ``prefill`` and ``step`` take a ``decoder``:
 one of the engine's ``halves``, where its decoder has them, so that a prompt prefills on
 half the threads while the others decode on the other half. The worker loop admits requests
-with ``begin``, prefills a long prompt apart or in chunks with the decode steps (so it never
-freezes the other replies in the batch), steps all prefilled sequences together (several users share
-one pass over the weights) and ends one with ``finish`` on a stop token, the budget, or a
-Cancel — so a Stop takes effect within one decode step. The engine knows nothing about
-pipes or requests; the prompt is ``workers.prompt``'s, the draw ``workers.sampling``'s.
+with ``begin``, prefills a long prompt apart or in chunks with the decode steps (so it
+never freezes the other replies in the batch), steps all prefilled sequences together
+(several users share one pass over the weights) and ends one with ``finish`` on a stop
+token, the budget, or a Cancel — so a Stop takes effect within one decode step (a prompt
+apart: within one of its calls). The engine knows nothing about pipes or requests; the
+prompt is ``workers.prompt``'s, the draw ``workers.sampling``'s.
 
 A conversation's KV cache is kept after each turn, and a later prompt in the same scope
 prefills only the token ids that do not share a prefix with a kept one; every sequence's
@@ -163,8 +164,9 @@ class Engine:
         the decoder has them (``OrtDecoder.halves``), else None. A prompt prefilled on its half
         while the others decode on theirs (``workers.process.PromptApart``) neither waits for
         their steps nor stretches them more than the lost threads do: on the Qwen1.5-0.5B shape
-        on 2 cores (Zen 3), a step on one thread took 1.6x one on two, and a 1,000-token prompt
-        14 s against 23-45 s in chunks within the steps, which stretched them 2.3x."""
+        on 2 cores (Zen 3), a step on one thread took 1.6x one on two; a 1,000-token prompt took
+        13 s against 20 s in chunks within the steps, and the others' longest gap meanwhile was
+        2.9x their pace against 3.3x (``benchmarks.chunked_bench``)."""
         return getattr(self.decoder, "halves", None)
 
     def seat(self, seqs: list[Sequence], newcomer: Sequence) -> None:

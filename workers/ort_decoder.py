@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import mmap
 import shutil
@@ -42,11 +43,14 @@ from workers.kernels import PREFILL_FROM_ROWS
 from workers.ort_graph import GRAPH, MARKER, PREFILL_GRAPH, attention_window
 
 PREFILL_PATHS = ("int8", "fp32")  # what a prompt runs on: the int8 graph, or its fp32 twin as well
+DIFFERS, DIFFERS_EXIT = "DIFFERS", 3  # what ``packed`` leaves where onnxruntime's packed copy computes otherwise
+log = logging.getLogger("workers")
 
 
-def open_session(graph: Path, threads: int):
+def open_session(graph: Path, threads: int, pack: bool = True):
     """An onnxruntime session on ``graph`` whose weights, as its kernels pack them, are mapped
     from a file (``packed``): shared by every session and worker on this machine, not copied.
+    (``pack=False``: the graph as it is, its weights packed into the session's own memory.)
 
     Why: onnxruntime prepacks each weight for MLAS when a session starts, into memory of the
     session's own: 565 MB per worker for the int8 graph of the Qwen1.5-0.5B shape and 1.38 GB
@@ -55,7 +59,8 @@ def open_session(graph: Path, threads: int):
     and gives the same logits (measured on Zen 3)."""
     import onnxruntime as ort
 
-    return ort.InferenceSession(str(packed(graph)), _options(threads), providers=["CPUExecutionProvider"])
+    path = packed(graph) if pack else graph
+    return ort.InferenceSession(str(path), _options(threads), providers=["CPUExecutionProvider"])
 
 
 def packed(graph: Path) -> Path:
@@ -63,31 +68,45 @@ def packed(graph: Path) -> Path:
     machine (the packing depends on the CPU and the onnxruntime version: ``machine_id``): a
     directory beside ``graph``, renamed into place when complete, so that workers starting at
     once neither read a half-written one nor mix two. It is written by a process of its own:
-    the packing session's memory, freed, would stay in this process's heap (1.2 GB)."""
+    the packing session's memory, freed, would stay in this process's heap (1.2 GB).
+
+    Where the saved graph does not compute what ``graph`` does (``save_packed`` checks), the
+    directory holds only ``DIFFERS`` and ``graph`` itself serves: onnxruntime 1.31 saved wrong
+    weights for some tiny test models (2 layers, 64 wide) and right ones for every real one."""
     from workers.calibrate import machine_id
 
     key = hashlib.sha256(machine_id(0).encode()).hexdigest()[:12]  # threads do not change the packing
     done = graph.parent / f"{graph.stem}.packed-{key}"
-    if (done / graph.name).is_file():
-        return done / graph.name
+    if not (done / graph.name).is_file() and not (done / DIFFERS).is_file():
+        _pack(graph, done)
+    return graph if (done / DIFFERS).is_file() else done / graph.name
+
+
+def _pack(graph: Path, done: Path) -> None:
     writing = Path(tempfile.mkdtemp(prefix=done.name + ".", dir=graph.parent))
     try:
         ran = subprocess.run([sys.executable, "-c", "import sys; from workers.ort_decoder import save_packed; "
                               "save_packed(*sys.argv[1:])", str(graph), str(writing / graph.name)],
                              cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, check=False)
-        if ran.returncode != 0:
+        if ran.returncode == DIFFERS_EXIT:
+            log.warning("onnxruntime's packed copy of %s computes other logits; using the graph as it is", graph)
+            for leftover in writing.iterdir():
+                leftover.unlink()
+            (writing / DIFFERS).write_text("the packed graph's logits differed from the graph's\n")
+        elif ran.returncode != 0:
             raise RuntimeError(f"onnxruntime could not pack {graph}: {ran.stderr.strip()[-2000:]}")
         writing.rename(done)  # fails where another process got there first: its copy serves
     except OSError:
-        if not (done / graph.name).is_file():
+        if not (done / graph.name).is_file() and not (done / DIFFERS).is_file():
             raise
     finally:
         shutil.rmtree(writing, ignore_errors=True)
-    return done / graph.name
 
 
 def save_packed(graph: str, dest: str) -> None:
-    """Open ``graph`` once, saving it to ``dest`` with its weights as the kernels packed them."""
+    """Open ``graph`` once, saving it to ``dest`` with its weights as the kernels packed them;
+    then check that the saved graph gives the same logits on a prompt (exit ``DIFFERS_EXIT``
+    where not)."""
     import onnxruntime as ort
 
     options = _options(1)
@@ -97,6 +116,16 @@ def save_packed(graph: str, dest: str) -> None:
                          ("session.optimized_model_external_initializers_min_size_in_bytes", "1024")):
         options.add_session_config_entry(entry, value)
     ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
+    path = Path(graph)
+    decoder = OrtDecoder(str(path.parent), 1, "fp32" if path.name == PREFILL_GRAPH else "int8", halves=False,
+                         pack=False)
+    prompt = torch.arange(3, 3 + PREFILL_FROM_ROWS + 8) % decoder.vocab  # on the prefill path either way
+    want = decoder.forward(prompt, decoder.new_cache())
+    decoder.prefill_sessions[decoder.prefill] = ort.InferenceSession(dest, _options(1),
+                                                                     providers=["CPUExecutionProvider"])
+    got = decoder.forward(prompt, decoder.new_cache())
+    if not torch.allclose(got, want, rtol=1e-3, atol=1e-3):
+        sys.exit(DIFFERS_EXIT)
 
 
 def _options(threads: int):
@@ -202,20 +231,19 @@ class OrtDecoder:
     graphs, each on half the threads, for a prompt to prefill beside the others' decode steps
     (``Engine.halves``); any of the three runs on any cache."""
 
-    def __init__(self, path: str, threads: int, prefill: str = "int8", halves: bool = True) -> None:
+    def __init__(self, path: str, threads: int, prefill: str = "int8", halves: bool = True, pack: bool = True) -> None:
         if prefill not in PREFILL_PATHS:
             raise ValueError(f"the onnxruntime graph has no prefill path {prefill!r} ({', '.join(PREFILL_PATHS)})")
         torch.set_num_threads(1)  # torch only samples here (see the module)
-        self.path, self.threads = path, threads
-        self.session = open_session(Path(path) / GRAPH, threads)
+        self.session = open_session(Path(path) / GRAPH, threads, pack)
         self.prefill_sessions = {"int8": self.session}
         if prefill == "fp32":
-            self.prefill_sessions["fp32"] = open_session(Path(path) / PREFILL_GRAPH, threads)
+            self.prefill_sessions["fp32"] = open_session(Path(path) / PREFILL_GRAPH, threads, pack)
         self.prefill = prefill
         self.halves = None  # (the batch's decoder, a prompt's): see ``Engine.halves``
         if halves and threads >= 2:  # sessions mapping the same packed weights: ~30-60 MB more each
-            self.halves = (OrtDecoder(path, (threads + 1) // 2, halves=False),
-                           OrtDecoder(path, threads // 2, prefill, halves=False))
+            self.halves = (OrtDecoder(path, (threads + 1) // 2, halves=False, pack=pack),
+                           OrtDecoder(path, threads // 2, prefill, halves=False, pack=pack))
         spec = json.loads((Path(path) / MARKER).read_text())["model"]
         d = spec["decoder"]
         self.max_seq_len = spec["context_length"]
