@@ -68,7 +68,7 @@ async def authenticate(creds: Credentials, request: Request) -> str | None:
 
 def caller_scope(creds: Credentials | None):
     """A FastAPI dependency naming whose conversations a request may reuse
-    (``workers.conversations``): the user, with ``--auth`` (else a 401); without, the
+    (``workers.generation.conversations``): the user, with ``--auth`` (else a 401); without, the
     client's own address (a proxy in front makes its clients one scope)."""
 
     async def scope(request: Request) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from workers.errors import ConfigError
-from workers.kernels import KERNELS
+from workers.decoders.lean.kernels import KERNELS
 from workers.protocol import SamplingParams
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.toml"
@@ -45,7 +45,7 @@ class AppConfig:
     oversubscribe: bool
     dtype: Dtype
     quantize: Quantize
-    kernel: str  # "auto", or a workers.kernels name
+    kernel: str  # "auto", or a workers.decoders.lean.kernels name
     engine: Engine
     host: str
     port: int

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from app.dispatch_policy import Progress, WorkerHandle, WorkerSnapshot, WorkerState, pick_worker
 from app.pool import ProcessPool
 from app.routing import Routes
-from workers.cores import WorkerLayout
+from workers.host.cores import WorkerLayout
 from workers.process import WorkerSpec
 from workers.protocol import ChatMessage, Chunk, Done, Failed, Notice, SamplingParams  # what a stream yields
 from workers.protocol import Cancel, EngineConfig, ErrorCode, FromWorker, Generate, Ready  # to and from workers
@@ -82,7 +82,7 @@ class ModelSource:
     name: str
     weights: str | None = None  # prepared lean-decoder weights or onnxruntime graph, shared; None: transformers
     dtype: str = "float32"  # the compute dtype (the chosen kernel's activations)
-    kernel: str | None = None  # the lean decoder's linear kernel (workers.kernels)
+    kernel: str | None = None  # the lean decoder's linear kernel (workers.decoders.lean.kernels)
     prefill: str | None = None  # and its prefill path
     kernels: str = ""  # the kernel choice in words, for the log, the panel and /health
 

@@ -7,7 +7,7 @@
 
 A Space runs ``python launch.py`` with no flags, so its layout comes from a config file of
 its own: 0.0.0.0:7860 (where Spaces route traffic), and one worker on the free CPU
-hardware's 2 vCPUs (batched decode; see workers.cores.auto_workers for why one). The
+hardware's 2 vCPUs (batched decode; see workers.host.cores.auto_workers for why one). The
 environment still wins over the file, and flags over both.
 """
 
@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from app.config import ConfigError
-from workers.loader import BUNDLED_PACKAGE
+from workers.loading.resolve import BUNDLED_PACKAGE
 
 SPACE_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "space.toml"
 # Its declared dependencies would compile llama.cpp; only its GGUF file is used.

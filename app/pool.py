@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import multiprocess
 
-from workers.cores import WorkerLayout
+from workers.host.cores import WorkerLayout
 from workers.process import WorkerSpec, run_worker
 from workers.protocol import FromWorker, Ready, Shutdown, ToWorker
 

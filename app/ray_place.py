@@ -1,6 +1,6 @@
 """Where each worker runs on a Ray cluster: which node, and which of that machine's cores.
 
-The same core planning as on one machine (``workers.cores.plan_layout``), applied per
+The same core planning as on one machine (``workers.host.cores.plan_layout``), applied per
 machine: workers go to the nodes with the most free CPUs, then each machine's physical
 cores are split among the workers placed on it. Ray nodes that share a machine (the same
 address: a test cluster, or several raylets on one big host) share its cores, so their
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from workers.cores import PhysicalCore, WorkerLayout, plan_layout
+from workers.host.cores import PhysicalCore, WorkerLayout, plan_layout
 from workers.errors import LayoutError
 
 

@@ -1,7 +1,7 @@
 """Which worker holds a conversation's KV cache, so its next turn goes back there.
 
 A request is routed on a hash of its scope (who asks: the authenticated user, the browser
-session or the API client's address; see ``workers.conversations``) and the history before
+session or the API client's address; see ``workers.generation.conversations``) and the history before
 its newest message. That is exactly what the previous turn's request plus its reply hashed
 to, so an OpenAI client that resends the whole history finds its cache with no session id,
 and a retry of a turn goes where that turn went. A client-chosen ``session_id`` is hashed

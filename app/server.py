@@ -36,13 +36,13 @@ from app.metrics import AppMetrics, build_metrics_router
 from app.pool import call_soon
 from app.startup import Startup
 from app.ui import build_ui, page_i18n
-from workers.calibrate import Shapes, calibrate
-from workers.choice import Allowed, KernelChoice, choose
-from workers.cores import LayoutError, WorkerLayout, auto_workers, physical_cores, plan_layout
-from workers.loader import ModelNotFound, check_spec, resolve_model
-from workers.model import ModelArgs, UnsupportedModel
+from workers.tuning.calibrate import Shapes, calibrate
+from workers.tuning.kernel_choice import Allowed, KernelChoice, choose
+from workers.host.cores import LayoutError, WorkerLayout, auto_workers, physical_cores, plan_layout
+from workers.loading.resolve import ModelNotFound, check_spec, resolve_model
+from workers.decoders.lean.model import ModelArgs, UnsupportedModel
 from workers.protocol import EngineConfig
-from workers.weights import prepare
+from workers.decoders.lean.weights import prepare
 
 log = logging.getLogger(__name__)
 
@@ -130,15 +130,15 @@ def prepare_model(config: AppConfig, layout: WorkerLayout, startup: Startup) -> 
 
 def choose_engine(config: AppConfig, lean: ModelSource, layout: WorkerLayout, startup: Startup) -> ModelSource:
     """The lean decoder or the onnxruntime graph, whichever serves a typical turn faster here
-    (``workers.engine_choice``: measured once per machine and model, cached). The graph is a
+    (``workers.tuning.engine_choice``: measured once per machine and model, cached). The graph is a
     candidate only where its model builder supports the architecture; if it cannot be built
     or measured, the lean decoder serves, as it would without it. The graph's fp32 twin for
     prompts is loaded where it was measured worth it and it fits in memory (one copy, mapped
     by every worker: ``engine_choice.twin_fits``)."""
-    from workers import engine_choice
-    from workers.engine_choice import Candidate
-    from workers.loader import available_bytes
-    from workers.ort_graph import prefill_graph_bytes
+    from workers.tuning import engine_choice
+    from workers.tuning.engine_choice import Candidate
+    from workers.host.memory import available_bytes
+    from workers.decoders.ort.graph import prefill_graph_bytes
 
     try:
         ort = prepare_ort(config, startup.model, startup)
@@ -171,8 +171,8 @@ def choose_engine(config: AppConfig, lean: ModelSource, layout: WorkerLayout, st
 
 
 def prepare_ort(config: AppConfig, model, startup: Startup) -> ModelSource:
-    """The model built once as one onnxruntime graph (``workers.ort_decoder``)."""
-    from workers.ort_graph import build
+    """The model built once as one onnxruntime graph (``workers.decoders.ort.decoder``)."""
+    from workers.decoders.ort.graph import build
 
     kernels = "onnxruntime graph: int8 MatMulNBits, blocks of 32"
     startup.step(f"building the onnxruntime graph of {model.name} (int8, once)", stages.PREPARING)

@@ -19,9 +19,9 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from workers.choice import KernelChoice
-from workers.engine_choice import EngineChoice
-from workers.loader import ResolvedModel
+from workers.tuning.kernel_choice import KernelChoice
+from workers.tuning.engine_choice import EngineChoice
+from workers.loading.resolve import ResolvedModel
 
 RESOLVING = 0.05
 FETCHING = 0.1  # downloading or converting

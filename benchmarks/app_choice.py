@@ -34,7 +34,7 @@ def main(spec: dict) -> dict:
     from app.config import load_config
     from app.server import prepare_model
     from app.startup import Startup
-    from workers.cores import WorkerLayout
+    from workers.host.cores import WorkerLayout
 
     config = load_config(overrides={"model": spec["model"], "cache_dir": spec["cache_dir"],
                                     "engine": spec.get("engine", "auto"), "max_batch": spec.get("max_batch", 4)})

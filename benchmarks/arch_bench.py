@@ -6,7 +6,7 @@ configs: ``benchmarks.arch_shapes``), decode tokens/s at batch 1 on 2 threads, a
 median (min–max) of 3:
 
 * lean: the app's own measured kernel choice (``--engine auto``), as the server picks it;
-* transformers engine (``--engine hf``: ``workers.hf_decoder``, the calls the workers make)
+* transformers engine (``--engine hf``: ``workers.decoders.hf``, the calls the workers make)
   in fp32 and in bf16, the two dtypes the app chooses between for it.
 
 The ratio is lean over the faster transformers dtype. Short on purpose (a few minutes, most
@@ -42,15 +42,15 @@ def measure(spec: dict) -> dict:
     fp32, lean, …): on a shared machine whatever else runs then slows all of them alike."""
     os.environ["OMP_NUM_THREADS"] = str(THREADS)  # before torch loads
     from benchmarks.app_choice import app_choice
-    from workers.kernels import set_thread_env
+    from workers.decoders.lean.kernels import set_thread_env
 
     kernel = app_choice({"model": spec["model"], "cache_dir": spec["cache_dir"], "threads": THREADS,
                          "engine": "lean"})  # the app's own kernel choice, measured here
     set_thread_env(kernel["kernel"])  # before torch loads
     import torch
 
-    from workers.loader import load
-    from workers.weights import prepare
+    from workers.loading.load import load
+    from workers.decoders.lean.weights import prepare
 
     torch.set_num_threads(THREADS)
     decoders = {}
@@ -87,8 +87,8 @@ def check_logits(spec: dict) -> dict:
     os.environ["OMP_NUM_THREADS"] = str(THREADS)
     import torch
 
-    from workers.loader import load
-    from workers.weights import prepare
+    from workers.loading.load import load
+    from workers.decoders.lean.weights import prepare
 
     torch.set_num_threads(THREADS)
     prompt = torch.randint(100, 40000, (PROMPT_TOKENS,), generator=torch.Generator().manual_seed(0))
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure(json.loads(args.one)) if args.one else check_logits(json.loads(args.check))))
         return 0
     machine = _machine()
-    from workers.loader import resolve_model
+    from workers.loading.resolve import resolve_model
 
     tokenizer = resolve_model("bundled", CACHE).path
     results: dict = {"machine": machine, "started": time.ctime(), "threads": THREADS,

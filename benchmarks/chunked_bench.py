@@ -32,9 +32,9 @@ def measure(spec: dict) -> dict:
 
     spec, runner = runner_for(spec)
     ways = {"apart, on half the threads": "default", "in the step's call": "fused", "a call of its own": "chunks"}
-    if getattr(runner.decoder, "halves", None) is None:
+    if runner.decoder.halves is None:
         del ways["apart, on half the threads"]
-    if not hasattr(runner.decoder, "forward_mixed"):
+    if not runner.decoder.fuses_chunks:
         del ways["in the step's call"]
     runs: dict[str, list[dict]] = {way: [] for way in ways}
     for _ in range(spec["repeats"]):
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args(argv)
-    from workers.loader import resolve_model
+    from workers.loading.resolve import resolve_model
 
     machine = _machine()
     qwen = str(qwen_shape.build(CACHE / "qwen1.5-0.5b-shape", resolve_model("bundled", CACHE).path))

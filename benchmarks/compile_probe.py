@@ -40,9 +40,9 @@ def main() -> int:
 
     torch.set_num_threads(2)
     from benchmarks import qwen_shape
-    from workers.loader import resolve_model
-    from workers.model import Transformer
-    from workers.weights import map_prepared, prepare
+    from workers.loading.resolve import resolve_model
+    from workers.decoders.lean.model import Transformer
+    from workers.decoders.lean.weights import map_prepared, prepare
 
     model = str(qwen_shape.build(CACHE / "qwen1.5-0.5b-shape", resolve_model("bundled", CACHE).path))
     args, kernel, tensors = map_prepared(prepare(model, "int8pack-bf16", CACHE))

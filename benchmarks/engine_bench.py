@@ -3,7 +3,7 @@
     python -m benchmarks.engine_bench '{"engine": "lean", "model": DIR, "kernel": "auto",
                                         "threads": 2, "repeats": 3}'
 
-``kernel`` is a ``workers.kernels`` name (with an optional "prefill" path), or "auto": the
+``kernel`` is a ``workers.decoders.lean.kernels`` name (with an optional "prefill" path), or "auto": the
 app's own kernel choice. ``"engine": "ort"`` runs the whole step as one onnxruntime graph
 (``--engine ort``); ``"engine": "auto"`` runs whatever the app itself picks here (its
 measured kernel on the lean decoder, or the graph). Both choices are the server's own,
@@ -40,7 +40,7 @@ def runner_for(spec: dict) -> tuple[dict, object]:
     if spec["engine"] == "auto" or spec.get("kernel") == "auto":
         spec = {**spec, **app_choice({k: spec.get(k) for k in ("model", "cache_dir", "threads", "engine")})}
     if spec["engine"] == "lean":
-        from workers.kernels import set_thread_env
+        from workers.decoders.lean.kernels import set_thread_env
 
         set_thread_env(spec["kernel"])
     import torch
@@ -138,13 +138,15 @@ class Decoding:
         came, and, as ``longest_gap_steps``, against the decode step within that gap: the
         reply's own steps grow slower as its context grows while the prompt prefills (its
         keys and values are read every step), which is not the prompt's doing. Where the chunk
-        rides in the step's call (``Engine.fuses_chunks``), that step is the fixed part of the
+        rides in the step's call (``Decoder.fuses_chunks``), that step is the fixed part of the
         line ``ChunkSize`` fits to the calls. ``way`` (an A/B): "default", as the worker does it
-        (apart on half the threads where the engine has ``halves``); "fused", chunks in the
+        (apart on half the threads where the decoder has ``halves``); "fused", chunks in the
         step's call; "chunks", each chunk a call of its own."""
         from app.config import load_config
-        from workers.engine import Engine
-        from workers.process import APART_TOKENS, Batch, WorkerSpec, warm_up
+        from workers.generation.engine import Engine
+        from workers.process import WorkerSpec, warm_up
+        from workers.scheduler.batch import Batch
+        from workers.scheduler.prefill import APART_TOKENS, Fused, Interleaved
         from workers.protocol import ChatMessage, EngineConfig, Generate, SamplingParams
 
         class Discard:  # stands in for the pipe
@@ -162,21 +164,18 @@ class Decoding:
 
             def step(self) -> None:
                 sent = len(self.times["reply"])
-                fused = self.chunk.fused and any(s.pending for s in self.active.values())
+                chunk = self.prefill.chunk
+                fused = chunk.fused and any(s.pending for s in self.active.values())
                 super().step()
-                fused = fused and bool(self.chunk.timed)
+                fused = fused and bool(chunk.timed)
                 for t in self.times["reply"][sent:]:
-                    self.step_of[t] = max(self.chunk.step_s, self.chunk.cost_model()[0]) if fused else self.chunk.step_s
-
-        class InChunks(Engine):  # the worker's engine, but without halves: its prompts prefill in chunks
-            halves = None
+                    self.step_of[t] = max(chunk.step_s, chunk.cost_model()[0]) if fused else chunk.step_s
 
         config = EngineConfig(max_context_tokens=load_config().max_context_tokens)
-        engine = (Engine if way == "default" else InChunks)(self.decoder, self.tokenizer, set(), config)  # no stop ids
+        engine = Engine(self.decoder, self.tokenizer, set(), config)  # no stop ids
         warm_up(engine, WorkerSpec.warmup_tokens)  # as a worker starts: every call shape it takes has run once
-        batch = TimedBatch(engine, Discard(), 0)
-        batch.chunk.fused = batch.chunk.fused and way != "chunks"
-        apart = engine.halves is not None
+        batch = TimedBatch(engine, Discard(), 0, {"default": None, "fused": Fused, "chunks": Interleaved}[way])
+        apart = way == "default" and engine.decoder.halves is not None
         text = self.tokenizer.decode(self.torch.randint(100, 40000, (prompt_tokens,)).tolist())
         long_ids = self.tokenizer(text).input_ids[:prompt_tokens]
         long_text = self.tokenizer.decode(long_ids)  # made before the reply's tokens are timed: not the worker's work
@@ -202,7 +201,7 @@ class Decoding:
         return {"usual_ms_per_token": usual * 1000, "longest_gap_ms": worst * 1000, "longest_gap_x": worst / usual,
                 "longest_gap_steps": worst_steps, "longest_gap_at": worst_at, "gaps_during": len(during),
                 "prefill_chunked_ms": (first - sent) * 1000, "prefill_one_piece_ms": one_piece * 1000,
-                "chunk_tokens": APART_TOKENS if apart else batch.chunk.tokens, "apart": float(apart)}
+                "chunk_tokens": APART_TOKENS if apart else batch.prefill.chunk.tokens, "apart": float(apart)}
 
     def conversation(self, reuse: bool) -> list[float]:
         """TTFT (ms) of each turn; each turn adds a user message and a forced reply to the history.
@@ -236,8 +235,8 @@ class Ort(Decoding):
     def __init__(self, spec: dict) -> None:
         import torch
 
-        from workers.loader import load
-        from workers.ort_graph import build
+        from workers.loading.load import load
+        from workers.decoders.ort.graph import build
 
         self.torch = torch
         graph = build(spec["model"], Path(spec["cache_dir"]))
@@ -255,8 +254,8 @@ class Lean(Decoding):
     def __init__(self, spec: dict) -> None:
         import torch
 
-        from workers.loader import load
-        from workers.weights import prepare
+        from workers.loading.load import load
+        from workers.decoders.lean.weights import prepare
 
         self.torch = torch
         weights = prepare(spec["model"], spec["kernel"], Path(spec["cache_dir"]))

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2)
     args = p.parse_args(argv)
     machine = _machine()
-    from workers.loader import resolve_model
+    from workers.loading.resolve import resolve_model
 
     qwen = str(qwen_shape.build(CACHE / "qwen1.5-0.5b-shape", resolve_model("bundled", CACHE).path))
     raw: dict[str, list[dict]] = {name: [] for name in ENGINES}

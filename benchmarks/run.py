@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out = args.out or ROOT / "benchmarks" / "results" / machine["cpu_class"]
     args.out.mkdir(parents=True, exist_ok=True)
 
-    from workers.loader import resolve_model
+    from workers.loading.resolve import resolve_model
 
     bundled = resolve_model("bundled", CACHE)
     qwen = str(qwen_shape.build(CACHE / "qwen1.5-0.5b-shape", bundled.path))

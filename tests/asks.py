@@ -3,7 +3,7 @@
 ``CAPITAL``: "What is the capital of France?" is a near tie for SmolLM2-135M: its first token is "The"
 (then "... is Paris.") by 0.03-0.25 logits over "L"/"La" (then "L'Étoile de la Cité ..."),
 so an int8 kernel, a thread count or a prompt split at a cached prefix can flip it. The
-phrasing below wins by 1.25 logits or more on every kernel in ``workers.kernels``.
+phrasing below wins by 1.25 logits or more on every kernel in ``workers.decoders.lean.kernels``.
 
 ``LONG``: a reply that is still being written when a test stops or crowds it. Greedy, the
 model writes on to the 1,024-token limit on every kernel (measured); "Count from 1 to 500."

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.loader import BUNDLED_SPEC, resolve_model
+from workers.loading.resolve import BUNDLED_SPEC, resolve_model
 
 # No test may reach a model hub: point ModelScope at a closed local port, Hugging Face offline.
 os.environ["MODELSCOPE_DOMAIN"] = "127.0.0.1:9"
@@ -44,9 +44,9 @@ def serving_kernel(bundled_model, cache_dir):
     for a one-thread worker: what the pool tests' workers run."""
     from transformers import AutoConfig
 
-    from workers.calibrate import Shapes, calibrate
-    from workers.choice import Allowed, choose
-    from workers.cores import WorkerLayout
+    from workers.tuning.calibrate import Shapes, calibrate
+    from workers.tuning.kernel_choice import Allowed, choose
+    from workers.host.cores import WorkerLayout
 
     shapes = Shapes.from_hf_config(AutoConfig.from_pretrained(bundled_model.path))
     layout = WorkerLayout(0, (min(os.sched_getaffinity(0)),), 1)
@@ -57,7 +57,7 @@ def serving_kernel(bundled_model, cache_dir):
 def bundled_source(bundled_model, serving_kernel, cache_dir):
     """What the app's workers load for the bundled model: its weights packed for the measured kernel."""
     from app.dispatcher import ModelSource
-    from workers.weights import prepare
+    from workers.decoders.lean.weights import prepare
 
     k = serving_kernel
     weights = prepare(bundled_model.path, k.decode, cache_dir)

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from workers.engine import Engine, Finished
+from workers.generation.engine import Engine, Finished
 from workers.protocol import SamplingParams
 
 
 def generate(engine: Engine, ids: list[int], params: SamplingParams, scope: str = "",
-             session_id: str | None = None) -> tuple[str, Finished]:
-    """The reply's text and how it ended."""
-    seq, first = engine.start(ids, params, scope, session_id)
+             session_id: str | None = None, chunk_tokens: int | None = None) -> tuple[str, Finished]:
+    """The reply's text and how it ended (the prompt prefilled ``chunk_tokens`` at a time: the
+    same calls as a chunked prefill makes, so on the same kernel paths)."""
+    seq = engine.begin(ids, params, scope, session_id)
+    first = None
+    while seq.pending:
+        first = engine.prefill(seq, chunk_tokens)
     text = first.text if first else ""
     while seq.reason is None:
         for _, step in engine.step([seq]):
@@ -23,7 +27,7 @@ def prefill_within_steps(engine: Engine, ids: list[list[int]], params: SamplingP
     """The first prompts start and decode together; the last is prefilled ``chunk_tokens`` at a
     time inside their decode steps' calls (``Engine.step(seqs, chunk_of=...)``), then decodes
     with them. Each reply's text, and the calls its prefill took."""
-    assert engine.fuses_chunks
+    assert engine.decoder.fuses_chunks
     decoding = [engine.start(i, params)[0] for i in ids[:-1]]
     late = engine.begin(ids[-1], params)
     calls = 0

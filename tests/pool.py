@@ -9,7 +9,7 @@ import time
 
 from app.config import load_config
 from app.dispatcher import Dispatcher, DispatcherConfig, ModelSource
-from workers.cores import plan_layout
+from workers.host.cores import plan_layout
 from workers.protocol import ChatMessage, Chunk, Done, EngineConfig, Failed, SamplingParams
 
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from benchmarks.arch_shapes import tiny, write
-from workers.model import ModelArgs, Transformer, UnsupportedModel
-from workers.weights import map_prepared, prepare
+from workers.decoders.lean.model import ModelArgs, Transformer, UnsupportedModel
+from workers.decoders.lean.weights import map_prepared, prepare
 
 ATOL, RTOL = 2e-3, 1e-3  # as test_lean_decoder's fp32 test
 SEQ = 100  # tokens: past a shrunk llama3 original context of 32, and a stated window of 16
@@ -124,8 +124,8 @@ def test_published_configs_take_the_lean_path(name, tmp_path):
 def test_the_onnxruntime_graph_of_each_architecture_matches_transformers(case, tmp_path, bundled_tokenizer):
     """``--engine auto`` may serve these on the graph (int8 weights): its logits stay close to
     transformers' fp32 ones, the prompt prefilled whole and then decoded token by token."""
-    from workers.ort_decoder import OrtDecoder
-    from workers.ort_graph import build
+    from workers.decoders.ort.decoder import OrtDecoder
+    from workers.decoders.ort.graph import build
 
     path = write(CASES[case], tmp_path / case)
     bundled_tokenizer.save_pretrained(path)  # the model builder writes the tokenizer beside the graph
@@ -141,7 +141,7 @@ def test_the_onnxruntime_graph_of_each_architecture_matches_transformers(case, t
 
 
 def test_the_graph_of_a_window_that_applies_is_refused(tmp_path, bundled_tokenizer):
-    from workers.ort_graph import build
+    from workers.decoders.ort.graph import build
 
     path = write(tiny("qwen2.5-0.5b", use_sliding_window=True, sliding_window=16, max_position_embeddings=512),
                  tmp_path / "windowed")

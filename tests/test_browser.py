@@ -20,7 +20,7 @@ import pytest
 
 from tests.asks import CAPITAL, LONG
 from tests.e2e import ROOT, running_app
-from workers.engine_choice import NAMES
+from workers.tuning.engine_choice import NAMES
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -15,8 +15,8 @@ from collections import deque
 import pytest
 
 from tests.pool import Pool
-from workers.cores import plan_layout
-from workers.process import ChunkSize
+from workers.host.cores import plan_layout
+from workers.scheduler.chunk_size import ChunkSize
 from workers.protocol import ChatMessage, Chunk, Done, SamplingParams
 
 STREAMING = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=400)
@@ -29,7 +29,7 @@ def one_worker(request, bundled_source, bundled_model, cache_dir):
     cpus = sorted(os.sched_getaffinity(0))
     source, threads = bundled_source, 1
     if request.param == "graph, apart":
-        from workers.ort_graph import build
+        from workers.decoders.ort.graph import build
 
         if len(cpus) < 2:
             pytest.skip("a prompt prefills apart on half of two threads or more (CI has 2 cores)")

@@ -1,6 +1,6 @@
 import pytest
 
-from workers.cores import LayoutError, auto_workers, parse_cpu_list, physical_cores, plan_layout
+from workers.host.cores import LayoutError, auto_workers, parse_cpu_list, physical_cores, plan_layout
 
 
 def test_parse_cpu_list_ranges_and_singles():

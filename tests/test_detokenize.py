@@ -2,7 +2,7 @@
 
 import pytest
 
-from workers.detokenize import IncrementalDetokenizer
+from workers.generation.detokenize import IncrementalDetokenizer
 
 TEXTS = [
     "北京是中国的首都，有三千多年的历史。",
@@ -30,7 +30,7 @@ def test_special_tokens_are_not_shown(bundled_tokenizer):
 
 
 def test_stop_strings_end_the_reply_and_are_never_shown_in_part():
-    from workers.detokenize import StopStrings
+    from workers.generation.detokenize import StopStrings
 
     stops = StopStrings(("\n\nUser:", "END"))
     shown, stopped = [], False

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from app.pool import WorkerProcess
 from app.dispatch_policy import WorkerHandle, WorkerState, pick_worker
-from workers.cores import WorkerLayout
+from workers.host.cores import WorkerLayout
 
 
 def workers(*active: int, slots: int = 2, states: dict[int, WorkerState] | None = None) -> list[WorkerHandle]:

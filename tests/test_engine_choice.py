@@ -15,9 +15,9 @@ import httpx
 
 from tests.asks import CAPITAL
 from tests.e2e import running_app
-from workers.cores import WorkerLayout
-from workers.engine_choice import Candidate, EngineTiming, measure, pick, pick_prefill, twin_fits
-from workers.ort_decoder import PREFILL_PATHS
+from workers.host.cores import WorkerLayout
+from workers.tuning.engine_choice import Candidate, EngineTiming, measure, pick, pick_prefill, twin_fits
+from workers.decoders.ort.decoder import PREFILL_PATHS
 
 
 def test_the_engine_with_the_faster_typical_turn_is_picked():
@@ -44,7 +44,7 @@ def test_the_fp32_prefill_is_kept_only_where_clearly_faster_and_it_fits():
 
 
 def test_both_engines_are_measured_on_the_real_model_once(bundled_model, bundled_source, cache_dir, tmp_path):
-    from workers.ort_graph import build
+    from workers.decoders.ort.graph import build
 
     graph = build(bundled_model.path, cache_dir)
     candidates = {"lean": Candidate(bundled_model.path, bundled_source.weights, bundled_source.dtype,

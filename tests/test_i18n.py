@@ -9,7 +9,7 @@ import pytest
 from app.i18n import EN, MESSAGES_ZH, ZH, language, localize, text
 from app.validation import check_message
 from workers.errors import InvalidInput, PromptTooLong
-from workers.prompt import build_prompt
+from workers.generation.prompt import build_prompt
 from workers.protocol import ChatMessage
 
 

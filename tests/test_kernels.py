@@ -13,11 +13,11 @@ import torch
 
 from tests.asks import CAPITAL
 from tests.generation import generate
-from workers.choice import Allowed, CalibrationError, Measurement, Timing, choose
-from workers.kernels import KERNELS
-from workers.linear import unavailable
-from workers.loader import load
-from workers.weights import prepare
+from workers.tuning.kernel_choice import Allowed, CalibrationError, Measurement, Timing, choose
+from workers.decoders.lean.kernels import KERNELS
+from workers.decoders.lean.linear import unavailable
+from workers.loading.load import load
+from workers.decoders.lean.weights import prepare
 
 TEXT = Path(__file__).parent / "data" / "perplexity.txt"
 BUNDLED_IN_FEATURES = (576, 1536)  # SmolLM2-135M: model width, MLP width
@@ -43,11 +43,11 @@ def lean(bundled_model, kernel: str, cache_dir, prefill: str | None = None):
 
 def greedy_answer(bundled_model, kernel: str, prefill: str, cache_dir, question: str) -> str:
     """The chat answer, through the chat template: its system prompt's first tokens carry the
-    huge activations that quantizing activations gets wrong (see workers.linear._ort_int8)."""
+    huge activations that quantizing activations gets wrong (see workers.decoders.lean.linear._ort_int8)."""
     from transformers import AutoTokenizer
 
     from app.config import load_config
-    from workers.engine import Engine
+    from workers.generation.engine import Engine
     from workers.protocol import ChatMessage, EngineConfig, SamplingParams
 
     tokenizer = AutoTokenizer.from_pretrained(bundled_model.path)
@@ -196,8 +196,8 @@ def test_the_chosen_kernel_decodes_faster_here_than_plain_fp32(bundled_model, se
 def test_the_onnxruntime_graph_keeps_the_bundled_models_quality(bundled_model, cache_dir, text_ids, fp32_reference):
     """``--engine ort`` (the engine ``auto`` may pick): the same bounds as every kernel's, its
     prompts prefilled on the int8 graph and on the fp32 twin (``PREFILL_PATHS``)."""
-    from workers.ort_decoder import PREFILL_PATHS
-    from workers.ort_graph import build
+    from workers.decoders.ort.decoder import PREFILL_PATHS
+    from workers.decoders.ort.graph import build
 
     graph = load(bundled_model.path, weights=str(build(bundled_model.path, cache_dir)), prefill="fp32").decoder
     ppl_fp32, logits_fp32 = fp32_reference

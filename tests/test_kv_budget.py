@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from tests.pool import Pool
-from workers.cores import plan_layout
+from workers.host.cores import plan_layout
 from workers.protocol import ChatMessage, Chunk, Done, ErrorCode, Failed, Notice, SamplingParams
 
 REPLY = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=200)

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from workers.linear import quantize_int8
-from workers.loader import load
-from workers.model import UnsupportedModel
-from workers.weights import map_prepared, prepare
+from workers.decoders.lean.linear import quantize_int8
+from workers.loading.load import load
+from workers.decoders.lean.model import UnsupportedModel
+from workers.decoders.lean.weights import map_prepared, prepare
 
 
 def hf_logits(path: str, ids: list[int]) -> torch.Tensor:
@@ -76,7 +76,7 @@ def test_unsupported_architecture_is_reported(tmp_path):
 
 def test_long_context_decode_attention_matches_transformers(tiny_qwen, bundled_tokenizer, tmp_path):
     """Past MATMUL_ATTENTION_FROM cached tokens decode takes the matmul path: same logits."""
-    from workers.model import MATMUL_ATTENTION_FROM
+    from workers.decoders.lean.model import MATMUL_ATTENTION_FROM
 
     path = str(tiny_qwen)
     ids = bundled_tokenizer("The quick brown fox jumps over the lazy dog. " * 30).input_ids[: MATMUL_ATTENTION_FROM + 20]

@@ -5,16 +5,10 @@ import time
 import pytest
 
 from tests.generation import generate
-from workers.engine import Engine
-from workers.loader import (
-    ModelNotFound,
-    available_bytes,
-    bundled_gguf,
-    check_spec,
-    convert_gguf,
-    load,
-    resolve_model,
-)
+from workers.generation.engine import Engine
+from workers.host.memory import available_bytes
+from workers.loading.load import load
+from workers.loading.resolve import ModelNotFound, bundled_gguf, check_spec, convert_gguf, resolve_model
 from workers.protocol import ChatMessage, EngineConfig, SamplingParams
 
 

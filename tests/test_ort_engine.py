@@ -5,7 +5,7 @@ greedy answers are the lean decoder's, sequences batched together (joining and l
 they start and finish) keep their own answers, and a conversation's next turn, or another
 conversation sharing its start, reuses the KV cache and answers as from an empty one. Each
 check runs with prompts prefilled on the int8 graph and on its fp32 twin
-(``workers.ort_decoder.PREFILL_PATHS``). Then the app serves it end to end.
+(``workers.decoders.ort.decoder.PREFILL_PATHS``). Then the app serves it end to end.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from tests.asks import CAPITAL
 from tests.e2e import running_app
 from tests.generation import generate, prefill_within_steps
 from tests.test_engine import make_engine
-from workers.engine import Engine
-from workers.loader import load
-from workers.kernels import PREFILL_FROM_ROWS
-from workers.ort_decoder import PREFILL_PATHS
+from workers.generation.engine import Engine
+from workers.loading.load import load
+from workers.decoders.lean.kernels import PREFILL_FROM_ROWS
+from workers.decoders.ort.decoder import PREFILL_PATHS
 from workers.protocol import ChatMessage, EngineConfig, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=24)
@@ -34,7 +34,7 @@ GREEDY = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=
 
 @pytest.fixture(scope="module")
 def ort_graph(bundled_model, cache_dir):
-    from workers.ort_graph import build
+    from workers.decoders.ort.graph import build
 
     return build(bundled_model.path, cache_dir)
 
@@ -55,8 +55,8 @@ def fp32_engine(bundled_model, cache_dir):
 def session_bytes(graph, pack: bool) -> int:
     """The memory of its own a session on ``graph`` takes, opened in a fresh process as a
     worker opens it (in this one, heap that earlier tests freed would hide it)."""
-    code = ("import sys; from pathlib import Path; import onnxruntime; from workers.loader import anonymous_bytes; "
-            "from workers.ort_decoder import open_session; before = anonymous_bytes(); "
+    code = ("import sys; from pathlib import Path; import onnxruntime; from workers.host.memory import anonymous_bytes; "
+            "from workers.decoders.ort.packed import open_session; before = anonymous_bytes(); "
             "session = open_session(Path(sys.argv[1]), 1, pack=sys.argv[2] == '1'); print(anonymous_bytes() - before)")
     ran = subprocess.run([sys.executable, "-c", code, str(graph), "1" if pack else "0"], capture_output=True,
                          text=True, check=True, cwd=Path(__file__).resolve().parents[1])
@@ -67,8 +67,8 @@ def test_workers_map_the_packed_weights_instead_of_copying_them(ort_graph, bundl
     """A session on the graph as onnxruntime packed it (``packed``, written once per machine)
     holds a fraction of the memory of its own that a session packing the weights itself does,
     and computes the same logits."""
-    from workers.ort_decoder import open_session, packed
-    from workers.ort_graph import GRAPH
+    from workers.decoders.ort.packed import open_session, packed
+    from workers.decoders.ort.graph import GRAPH
 
     assert packed(ort_graph / GRAPH).parent.name.startswith("model-mixed.packed-")
     mapped_bytes, packing_bytes = session_bytes(ort_graph / GRAPH, True), session_bytes(ort_graph / GRAPH, False)

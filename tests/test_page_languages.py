@@ -24,7 +24,7 @@ from tests.test_browser import (
 )
 from tests.e2e import running_app
 from tests.thinking_model import ANSWER, THINKING, build_thinking_qwen3
-from workers.prompt import encode_chat
+from workers.generation.prompt import encode_chat
 from workers.protocol import ChatMessage
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(),

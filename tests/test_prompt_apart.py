@@ -1,5 +1,5 @@
 """A prompt that arrives while others decode prefills apart, on half the worker's threads
-(``workers.process.PromptApart``), on the onnxruntime graph of the bundled model with two
+(``workers.scheduler.prefill.Apart``), on the onnxruntime graph of the bundled model with two
 threads: it changes no answer, a Stop while it prefills ends it and frees its memory, and
 the worker goes on serving. (The others' gaps meanwhile: ``tests.test_chunked_prefill``.)"""
 
@@ -10,9 +10,10 @@ import os
 import pytest
 
 from app.config import load_config
-from workers.engine import Engine
-from workers.loader import load
-from workers.process import APART_TOKENS, Batch
+from workers.generation.engine import Engine
+from workers.loading.load import load
+from workers.scheduler.batch import Batch
+from workers.scheduler.prefill import APART_TOKENS
 from workers.protocol import ChatMessage, Chunk, Done, EngineConfig, FinishReason, Generate, SamplingParams
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="halves need two threads (CI has 2 cores)")
@@ -40,7 +41,7 @@ class Outbox:
 
 @pytest.fixture(scope="module")
 def engine(bundled_model, cache_dir):
-    from workers.ort_graph import build
+    from workers.decoders.ort.graph import build
 
     loaded = load(bundled_model.path, weights=str(build(bundled_model.path, cache_dir)), prefill="fp32", threads=2)
     assert loaded.decoder.halves is not None
@@ -76,7 +77,7 @@ def apart_beside_a_reply(engine, scope: str, reply_chars: int) -> tuple[Batch, O
         batch.step()
     batch.admit(Generate("long", long_messages(scope), SHORT, scope=scope))
     batch.step()
-    assert batch.apart is not None and batch.apart.seq.pending  # prefilling beside the reply's steps
+    assert batch.prefill.job is not None and batch.prefill.job.seq.pending  # prefilling beside the reply's steps
     return batch, outbox
 
 
@@ -85,7 +86,7 @@ def test_a_prompt_prefilled_apart_changes_no_answer(engine):
     want_long = alone(engine, "long", long_messages("b"), SHORT, "b-alone")
     batch, outbox = apart_beside_a_reply(engine, "b", reply_chars=8)
     steps_meanwhile = 0
-    while batch.apart is not None:
+    while batch.prefill.job is not None:
         batch.step()
         steps_meanwhile += 1
     while batch.busy:
@@ -102,7 +103,7 @@ def test_a_stop_while_the_prompt_prefills_apart_ends_it_and_frees_its_memory(eng
     while outbox.done("long") is None:
         batch.step()
     assert outbox.done("long").finish_reason == FinishReason.CANCELLED and not outbox.text("long")
-    assert batch.apart is None and "long" not in batch.active
+    assert batch.prefill.job is None and "long" not in batch.active
     while batch.busy:
         batch.step()
     assert outbox.done("reply").finish_reason == FinishReason.LENGTH

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from app.ray_place import RayNode, assign, place
-from workers.cores import WorkerLayout
+from workers.host.cores import WorkerLayout
 from workers.errors import LayoutError
 from workers.process import WorkerSpec
 from workers.protocol import EngineConfig
@@ -63,7 +63,7 @@ def test_a_node_that_sees_the_heads_files_maps_them(head_spec, tmp_path):
 def test_a_node_without_the_heads_files_prepares_them_once_for_all_its_actors(head_spec, tmp_path, caplog):
     elsewhere = replace(head_spec, model_path="/head-only/model", weights="/head-only/model.weights")
     results: list[WorkerSpec] = []
-    caplog.set_level(logging.INFO, logger="workers.weights")
+    caplog.set_level(logging.INFO, logger="workers.decoders.lean.weights")
     actors = [threading.Thread(target=lambda: results.append(localize(elsewhere, "bundled", str(tmp_path))))
               for _ in range(2)]
     for t in actors:
@@ -76,7 +76,7 @@ def test_a_node_without_the_heads_files_prepares_them_once_for_all_its_actors(he
 
 
 def test_a_node_without_the_heads_onnxruntime_graph_builds_its_own(head_spec, tmp_path):
-    from workers.ort_graph import is_ort_model
+    from workers.decoders.ort.graph import is_ort_model
 
     ort_spec = replace(head_spec, model_path="/head-only/model", weights="/head-only/graph", kernel=None, prefill=None)
     local = localize(ort_spec, "bundled", str(tmp_path))

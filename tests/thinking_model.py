@@ -43,7 +43,7 @@ def build_thinking_qwen3(path: Path, tokenizer, endless: bool = False) -> Path:
     import torch
     from transformers import AddedToken, Qwen3Config, Qwen3ForCausalLM
 
-    from workers.prompt import encode_chat
+    from workers.generation.prompt import encode_chat
     from workers.protocol import ChatMessage
 
     tok = copy.deepcopy(tokenizer)

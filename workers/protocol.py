@@ -50,7 +50,7 @@ class EngineConfig:
     """How a worker's engine generates; given to each worker when it starts."""
 
     max_context_tokens: int  # cap on the model's own window, to bound CPU memory (from the app's config)
-    kv_cache_bytes: int = 1024 * 2**20  # KV memory of live replies and kept conversations (workers.conversations)
+    kv_cache_bytes: int = 1024 * 2**20  # KV memory of live replies and kept conversations (workers.generation.conversations)
     repetition_window: int = 256  # how many recent ids repetition_penalty looks at
 
 

@@ -32,7 +32,7 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 
-from workers.process import WorkerSpec, load_engine, serve_requests
+from workers.process import WorkerSpec, load_engine
 
 log = logging.getLogger("workers")
 
@@ -79,9 +79,9 @@ def localize(spec: WorkerSpec, model: str, cache_dir: str) -> WorkerSpec:
     actor prepares under a file lock, the others wait and find it."""
     if Path(spec.model_path).is_dir() and (spec.weights is None or Path(spec.weights).exists()):
         return spec
-    from workers.loader import resolve_model
-    from workers.ort_graph import build
-    from workers.weights import prepare
+    from workers.loading.resolve import resolve_model
+    from workers.decoders.ort.graph import build
+    from workers.decoders.lean.weights import prepare
 
     cache = Path(cache_dir).expanduser()
     cache.mkdir(parents=True, exist_ok=True)
@@ -131,6 +131,8 @@ class WorkerActor:
             yield batch
 
     def _serve(self, model: str, cache_dir: str) -> None:
+        from workers.scheduler.batch import serve_requests  # after load_engine has set the threads up
+
         try:
             spec = localize(self.spec, model, cache_dir)
             engine, ready = load_engine(spec)

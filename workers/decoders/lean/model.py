@@ -8,16 +8,16 @@ forward pass alone, in the style of gpt-fast's ``model.py``:
 * q/k/v and gate/up are fused into one matmul each (fewer, larger kernels at M=1);
 * the architectures differ only where they must: q/k/v biases (Qwen2), per-head q/k
   RMSNorm and an explicit head dim (Qwen3), Llama 3's scaled RoPE frequencies
-  (``workers.rope``); anything else raises ``UnsupportedModel`` and transformers serves it;
+  (``workers.decoders.lean.rope``); anything else raises ``UnsupportedModel`` and transformers serves it;
 * every linear, the lm_head too, runs on the kernel measured fastest on this CPU
-  (``workers.kernels``: dense fp32/bf16, fbgemm fp16, int8 weight-only on torch or
+  (``workers.decoders.lean.kernels``: dense fp32/bf16, fbgemm fp16, int8 weight-only on torch or
   onnxruntime), with a decode path for a few rows and a prefill path for many;
 * the KV cache is pre-allocated and grows by doubling, so decode never concatenates;
 * ``forward_batch`` decodes one token for each of several sequences in one pass over the
   weights (each with its own cache and position), and ``forward_mixed`` adds another
   sequence's prompt chunk to that pass: every call is one row of tokens through the matmuls,
   each sequence's attending over its own cache;
-* weights are views into a memory-mapped file (see ``workers.weights``), so N workers
+* weights are views into a memory-mapped file (see ``workers.decoders.lean.weights``), so N workers
   share one copy through the page cache.
 
 Shapes: B = sequences in a call; S = new tokens of one sequence; T = all new tokens of a call
@@ -33,10 +33,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from workers.decoders.base import Decoder
+from workers.decoders.lean.kernels import KERNELS
+from workers.decoders.lean.linear import Linear, build_linear, dtype_of
+from workers.decoders.lean.rope import Llama3Scaling, inv_freq, rope_settings
 from workers.errors import UnsupportedModel
-from workers.kernels import KERNELS
-from workers.linear import Linear, build_linear, dtype_of
-from workers.rope import Llama3Scaling, inv_freq, rope_settings
 
 SUPPORTED_TYPES = ("llama", "qwen2", "qwen3")
 
@@ -174,8 +175,10 @@ class KVCache:
         return self.length
 
 
-class Transformer:
-    """Forward pass over a dict of tensors laid out by ``workers.weights.prepare`` for ``kernel``."""
+class Transformer(Decoder):
+    """Forward pass over a dict of tensors laid out by ``workers.decoders.lean.weights.prepare`` for ``kernel``."""
+
+    fuses_chunks = True
 
     def __init__(self, args: ModelArgs, tensors: dict[str, torch.Tensor], kernel: str, prefill: str | None = None,
                  threads: int = 1) -> None:
@@ -271,7 +274,7 @@ class Transformer:
         masks = [torch.ones(n, s + n, dtype=torch.bool).tril(s) if n > 1 else None
                  for s, n in zip(starts, counts, strict=True)]
         H, Hkv, D = a.n_heads, a.n_kv_heads, a.head_dim
-        prompt = max(counts) > 1  # linears take their prompt paths (see workers.linear.Linear)
+        prompt = max(counts) > 1  # linears take their prompt paths (see workers.decoders.lean.linear.Linear)
         x = self.embed[torch.tensor([t for n in new for t in n])][None]  # [1, T, E]
         for i, layer in enumerate(self.layers):
             h = self._norm(x, layer.attn_norm)

@@ -1,5 +1,5 @@
-"""Choosing the next token from the model's logits: repetition penalty, then greedy or
-temperature → top-k → top-p → one draw."""
+"""Choosing the next token from a sequence's logits (after its processors,
+``workers.generation.processors``): greedy, or temperature → top-k → top-p → one draw."""
 
 from __future__ import annotations
 
@@ -11,19 +11,14 @@ from workers.protocol import SamplingParams
 def sample(
     logits: torch.Tensor,  # [V], float32
     params: SamplingParams,
-    previous: torch.Tensor,  # [T] ids already in the conversation, for repetition_penalty
     generator: torch.Generator | None,
 ) -> int:
-    """Repetition penalty, then greedy, or temperature → top-k → top-p → one draw.
+    """Greedy, or temperature → top-k → top-p → one draw.
 
     Works on the top-k candidates only (``torch.topk`` is cheap; a sort of a 150k vocabulary
     is not), and draws by inverting the cumulative distribution with one uniform number:
     ``torch.multinomial`` over the full vocabulary costs milliseconds per token.
     """
-    if params.repetition_penalty != 1.0 and previous.numel():
-        scores = logits[previous]
-        penalized = torch.where(scores < 0, scores * params.repetition_penalty, scores / params.repetition_penalty)
-        logits = logits.index_put((previous,), penalized)  # out of place: the caller's logits stay as they were
     if params.greedy:
         return int(torch.argmax(logits))
     logits = logits / params.temperature

@@ -1,4 +1,4 @@
-"""How each kernel of ``workers.kernels`` computes: packing, the decode and prefill paths.
+"""How each kernel of ``workers.decoders.lean.kernels`` computes: packing, the decode and prefill paths.
 
     packed = pack(kernel, weight)                               # prepare: fp32 [N, K] -> stored tensors
     linear = build_linear(kernel, packed, "widen-bf16", bias, threads=2)
@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from workers.kernels import ORT_BLOCK, PREFILL_FROM_ROWS, Kernel
+from workers.decoders.lean.kernels import ORT_BLOCK, PREFILL_FROM_ROWS, Kernel
 
 Packed = dict[str, torch.Tensor]  # a linear's stored tensors: "w" and, for int8, "s"
 Matmul = Callable[[torch.Tensor], torch.Tensor]  # rows [M, K] -> [M, N]

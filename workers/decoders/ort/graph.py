@@ -33,8 +33,8 @@ Why: a prompt's matmuls are bound by arithmetic, and without VNNI (a Zen 3, AVX2
 fp32 GEMM outruns its int8 one: a 512-token prompt of the Qwen1.5-0.5B shape in 2.74 s
 against 4.11 s, 64 tokens in 406 against 525 ms (measured, same process). Decode steps stay
 on the int8 graph (bound by reading the weights). The fp32 copy costs ~1.4 GB of memory as
-onnxruntime packs it (mapped from one file by every worker: ``workers.ort_decoder.packed``),
-so ``workers.engine_choice`` loads it only where it measures a prefill clearly faster.
+onnxruntime packs it (mapped from one file by every worker: ``workers.decoders.ort.packed.packed``),
+so ``workers.tuning.engine_choice`` loads it only where it measures a prefill clearly faster.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def is_ort_model(path: str | None) -> bool:
 
 def build(model_path: str, cache_dir: Path) -> Path:
     """The mixed onnxruntime graph of ``model_path`` (int8 weights in blocks of 32), built once."""
-    from workers.weights import weights_stamp
+    from workers.decoders.lean.weights import weights_stamp
 
     config = (Path(model_path) / "config.json").read_text()
     key = hashlib.sha256(";".join([config, weights_stamp(model_path), *BUILD_OPTIONS, GRAPH_VERSION,
@@ -96,7 +96,7 @@ def build(model_path: str, cache_dir: Path) -> Path:
 
 def prefill_graph_bytes(graph_dir: str) -> int:
     """The fp32 twin's weights: about what its packed copy takes in memory, once for all the
-    workers that map it (``workers.ort_decoder.packed``)."""
+    workers that map it (``workers.decoders.ort.packed.packed``)."""
     return (Path(graph_dir) / (PREFILL_GRAPH + ".data")).stat().st_size
 
 

@@ -4,7 +4,7 @@ Why: onnxruntime's int8 ``MatMulNBits`` (MLAS, activations quantized in blocks o
 llama.cpp's q8_0) is the fastest matmul on many AVX2 CPUs, but called once per linear from
 torch it loses most of that to hand-offs between torch's and onnxruntime's thread pools
 (issue 8: 15.9 tok/s where the matmuls alone allowed ~40). onnxruntime-genai's model builder
-writes the whole model as one graph (``workers.ort_graph``), so a decode step is one call.
+writes the whole model as one graph (``workers.decoders.ort.graph``), so a decode step is one call.
 
 The graph is run here with plain onnxruntime, not onnxruntime-genai's generator, so that the
 KV cache is ours (numpy arrays, bound in place with ``IOBinding``) and behaves as the lean
@@ -14,9 +14,9 @@ batched call. ``GroupQueryAttention`` reads each sequence's own length from the 
 mask's row sums, so sequences of different lengths share a batch: their caches are placed in
 the slots of one ``Arena`` while they decode together (moved once when the batch changes).
 ``forward_mixed`` adds a prompt chunk to a batch's decode step in the same call (the graph's
-"chunk" half: ``workers.ort_graph``), so the chunk does not pay for a pass over the weights.
+"chunk" half: ``workers.decoders.ort.graph``), so the chunk does not pay for a pass over the weights.
 With ``prefill="fp32"`` a prompt of ``PREFILL_FROM_ROWS`` tokens or more runs on the graph's
-fp32 twin instead (``workers.ort_graph.widen``: faster where int8 GEMMs lack VNNI), writing
+fp32 twin instead (``workers.decoders.ort.graph.widen``: faster where int8 GEMMs lack VNNI), writing
 the same KV cache; decode steps and short chunks stay on the int8 graph.
 Torch only samples here, on one thread: its pool spinning beside onnxruntime's took a third
 of the speed (30 against 47 tok/s, measured with the onnxruntime-genai generator this replaced).
@@ -24,117 +24,22 @@ of the speed (30 against 47 tok/s, measured with the onnxruntime-genai generator
 
 from __future__ import annotations
 
-import hashlib
 import json
-import logging
 import math
 import mmap
-import shutil
-import subprocess
 import sys
-import tempfile
 import weakref
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from workers.kernels import PREFILL_FROM_ROWS
-from workers.ort_graph import GRAPH, MARKER, PREFILL_GRAPH, attention_window
+from workers.decoders.base import Decoder
+from workers.decoders.lean.kernels import PREFILL_FROM_ROWS
+from workers.decoders.ort.graph import GRAPH, MARKER, PREFILL_GRAPH, attention_window
+from workers.decoders.ort.packed import DIFFERS_EXIT, open_session, session_options
 
 PREFILL_PATHS = ("int8", "fp32")  # what a prompt runs on: the int8 graph, or its fp32 twin as well
-DIFFERS, DIFFERS_EXIT = "DIFFERS", 3  # what ``packed`` leaves where onnxruntime's packed copy computes otherwise
-log = logging.getLogger("workers")
-
-
-def open_session(graph: Path, threads: int, pack: bool = True):
-    """An onnxruntime session on ``graph`` whose weights, as its kernels pack them, are mapped
-    from a file (``packed``): shared by every session and worker on this machine, not copied.
-    (``pack=False``: the graph as it is, its weights packed into the session's own memory.)
-
-    Why: onnxruntime prepacks each weight for MLAS when a session starts, into memory of the
-    session's own: 565 MB per worker for the int8 graph of the Qwen1.5-0.5B shape and 1.38 GB
-    for its fp32 twin (measured), held again by every worker and by every session with another
-    thread count. Loaded from the file, a session holds 30-60 MB of its own, decodes as fast
-    and gives the same logits (measured on Zen 3)."""
-    import onnxruntime as ort
-
-    path = packed(graph) if pack else graph
-    return ort.InferenceSession(str(path), _options(threads), providers=["CPUExecutionProvider"])
-
-
-def packed(graph: Path) -> Path:
-    """``graph`` saved by onnxruntime with its prepacked weights in its data file, once per
-    machine (the packing depends on the CPU and the onnxruntime version: ``machine_id``): a
-    directory beside ``graph``, renamed into place when complete, so that workers starting at
-    once neither read a half-written one nor mix two. It is written by a process of its own:
-    the packing session's memory, freed, would stay in this process's heap (1.2 GB).
-
-    Where the saved graph does not compute what ``graph`` does (``save_packed`` checks), the
-    directory holds only ``DIFFERS`` and ``graph`` itself serves: onnxruntime 1.31 saved wrong
-    weights for some tiny test models (2 layers, 64 wide) and right ones for every real one."""
-    from workers.calibrate import machine_id
-
-    key = hashlib.sha256(machine_id(0).encode()).hexdigest()[:12]  # threads do not change the packing
-    done = graph.parent / f"{graph.stem}.packed-{key}"
-    if not (done / graph.name).is_file() and not (done / DIFFERS).is_file():
-        _pack(graph, done)
-    return graph if (done / DIFFERS).is_file() else done / graph.name
-
-
-def _pack(graph: Path, done: Path) -> None:
-    writing = Path(tempfile.mkdtemp(prefix=done.name + ".", dir=graph.parent))
-    try:
-        ran = subprocess.run([sys.executable, "-c", "import sys; from workers.ort_decoder import save_packed; "
-                              "save_packed(*sys.argv[1:])", str(graph), str(writing / graph.name)],
-                             cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, check=False)
-        if ran.returncode == DIFFERS_EXIT:
-            log.warning("onnxruntime's packed copy of %s computes other logits; using the graph as it is", graph)
-            for leftover in writing.iterdir():
-                leftover.unlink()
-            (writing / DIFFERS).write_text("the packed graph's logits differed from the graph's\n")
-        elif ran.returncode != 0:
-            raise RuntimeError(f"onnxruntime could not pack {graph}: {ran.stderr.strip()[-2000:]}")
-        writing.rename(done)  # fails where another process got there first: its copy serves
-    except OSError:
-        if not (done / graph.name).is_file() and not (done / DIFFERS).is_file():
-            raise
-    finally:
-        shutil.rmtree(writing, ignore_errors=True)
-
-
-def save_packed(graph: str, dest: str) -> None:
-    """Open ``graph`` once, saving it to ``dest`` with its weights as the kernels packed them;
-    then check that the saved graph gives the same logits on a prompt (exit ``DIFFERS_EXIT``
-    where not)."""
-    import onnxruntime as ort
-
-    options = _options(1)
-    options.optimized_model_filepath = dest
-    for entry, value in (("session.save_external_prepacked_constant_initializers", "1"),
-                         ("session.optimized_model_external_initializers_file_name", Path(dest).name + ".data"),
-                         ("session.optimized_model_external_initializers_min_size_in_bytes", "1024")):
-        options.add_session_config_entry(entry, value)
-    ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
-    path = Path(graph)
-    decoder = OrtDecoder(str(path.parent), 1, "fp32" if path.name == PREFILL_GRAPH else "int8", halves=False,
-                         pack=False)
-    prompt = torch.arange(3, 3 + PREFILL_FROM_ROWS + 8) % decoder.vocab  # on the prefill path either way
-    want = decoder.forward(prompt, decoder.new_cache())
-    decoder.prefill_sessions[decoder.prefill] = ort.InferenceSession(dest, _options(1),
-                                                                     providers=["CPUExecutionProvider"])
-    got = decoder.forward(prompt, decoder.new_cache())
-    if not torch.allclose(got, want, rtol=1e-3, atol=1e-3):
-        sys.exit(DIFFERS_EXIT)
-
-
-def _options(threads: int):
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-    options.log_severity_level = 3  # not the warning that a saved optimized graph suits this machine only: it is keyed so
-    return options
 
 
 class OrtCache:
@@ -223,13 +128,15 @@ class Arena:
                 cache.move_to(cache.decoder.own_kv(cache.capacity), 0)
 
 
-class OrtDecoder:
+class OrtDecoder(Decoder):
     """``forward``/``forward_batch`` over a graph directory made by ``build``. ``prefill``: what
     prompts of ``PREFILL_FROM_ROWS`` tokens or more run on (``PREFILL_PATHS``); with "fp32" both
     graphs are loaded, and ``self.prefill`` may be switched between them (to time each). With
     two threads or more (and ``halves``), ``self.halves`` holds two decoders on the same
     graphs, each on half the threads, for a prompt to prefill beside the others' decode steps
-    (``Engine.halves``); any of the three runs on any cache."""
+    (``Decoder.halves``); any of the three runs on any cache."""
+
+    fuses_chunks = True
 
     def __init__(self, path: str, threads: int, prefill: str = "int8", halves: bool = True, pack: bool = True) -> None:
         if prefill not in PREFILL_PATHS:
@@ -240,7 +147,7 @@ class OrtDecoder:
         if prefill == "fp32":
             self.prefill_sessions["fp32"] = open_session(Path(path) / PREFILL_GRAPH, threads, pack)
         self.prefill = prefill
-        self.halves = None  # (the batch's decoder, a prompt's): see ``Engine.halves``
+        self.halves = None  # (the batch's decoder, a prompt's): see ``Decoder.halves``
         if halves and threads >= 2:  # sessions mapping the same packed weights: ~30-60 MB more each
             self.halves = (OrtDecoder(path, (threads + 1) // 2, halves=False, pack=pack),
                            OrtDecoder(path, threads // 2, prefill, halves=False, pack=pack))
@@ -393,3 +300,28 @@ class OrtDecoder:
             cache.ids.append(token)
         chunk.ids.extend(chunk_tokens)
         return torch.from_numpy(out[0])
+
+
+def save_packed(graph: str, dest: str) -> None:
+    """Open ``graph`` once, saving it to ``dest`` with its weights as the kernels packed them;
+    then check that the saved graph gives the same logits on a prompt (exit ``DIFFERS_EXIT``
+    where not)."""
+    import onnxruntime as ort
+
+    options = session_options(1)
+    options.optimized_model_filepath = dest
+    for entry, value in (("session.save_external_prepacked_constant_initializers", "1"),
+                         ("session.optimized_model_external_initializers_file_name", Path(dest).name + ".data"),
+                         ("session.optimized_model_external_initializers_min_size_in_bytes", "1024")):
+        options.add_session_config_entry(entry, value)
+    ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
+    path = Path(graph)
+    decoder = OrtDecoder(str(path.parent), 1, "fp32" if path.name == PREFILL_GRAPH else "int8", halves=False,
+                         pack=False)
+    prompt = torch.arange(3, 3 + PREFILL_FROM_ROWS + 8) % decoder.vocab  # on the prefill path either way
+    want = decoder.forward(prompt, decoder.new_cache())
+    decoder.prefill_sessions[decoder.prefill] = ort.InferenceSession(dest, session_options(1),
+                                                                     providers=["CPUExecutionProvider"])
+    got = decoder.forward(prompt, decoder.new_cache())
+    if not torch.allclose(got, want, rtol=1e-3, atol=1e-3):
+        sys.exit(DIFFERS_EXIT)

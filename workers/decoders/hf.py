@@ -1,6 +1,6 @@
-"""The transformers model behind the same two calls as the lean decoder, for other architectures.
+"""The transformers model behind the decoder contract (``workers.decoders.base``), for other architectures.
 
-Slower per token (see workers/model.py for why), but it runs anything transformers runs,
+Slower per token (see workers/decoders/lean/model.py for why), but it runs anything transformers runs,
 so ``--model`` accepts any causal-LM directory.
 """
 
@@ -10,6 +10,8 @@ from copy import deepcopy
 
 import torch
 from transformers import DynamicCache
+
+from workers.decoders.base import Decoder
 
 
 class HFCache:
@@ -36,7 +38,9 @@ class HFCache:
         return self.length
 
 
-class HFDecoder:
+class HFDecoder(Decoder):
+    """One forward per sequence (correct, not fast); declares no other capability."""
+
     def __init__(self, model) -> None:
         self.model = model
         self.max_seq_len = getattr(model.config, "max_position_embeddings", None) or 2048

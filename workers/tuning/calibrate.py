@@ -1,6 +1,6 @@
 """Time the candidate linear kernels on this machine, once, and remember the timings.
 
-Every candidate in ``workers.kernels`` that this machine can run is timed on the model's
+Every candidate in ``workers.decoders.lean.kernels`` that this machine can run is timed on the model's
 own layer shapes (q/k/v, o, gate/up, down), in a process pinned and threaded like a worker:
 decode at 1 row and at ``max_batch`` rows, prefill at 128 rows through each prefill path.
 Timings run over enough distinct layers that the weights come from memory, not from the
@@ -8,7 +8,7 @@ last-level cache (timing one small matrix again and again flatters every kernel 
 the small torch ops of a layer between the matmuls, so per-call overhead and hand-offs
 between thread pools count. Each path is also checked against fp32 on the model's real
 weights. The verdict is cached per CPU model and flags, torch and onnxruntime versions,
-shapes, threads and batch size; ``workers.choice.choose`` then picks, for what the flags
+shapes, threads and batch size; ``workers.tuning.kernel_choice.choose`` then picks, for what the flags
 allow, the kernel and prefill path that match fp32 and serve a typical turn fastest.
 
     measured = calibrate(model_path, shapes, layout, max_batch=4, cache_dir=cache)  # ~10 s, once
@@ -28,8 +28,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.choice import MAX_REL_ERROR, PREFILL_ROWS, Measurement, Timing
-from workers.cores import WorkerLayout
+from workers.tuning.kernel_choice import MAX_REL_ERROR, PREFILL_ROWS, Measurement, Timing
+from workers.host.cores import WorkerLayout
+from workers.host.machine import machine_id
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ def calibrate(model_path: str, shapes: Shapes, layout: WorkerLayout, max_batch: 
               candidates: tuple[str, ...] | None = None) -> Measurement:
     """The cached measurement for this machine and model shape, or a new one (taken in
     processes pinned and threaded like a worker, so it sees what a worker will see)."""
-    from workers import kernels
+    from workers.decoders.lean import kernels
 
     candidates = tuple(candidates or kernels.KERNELS)
     machine = machine_id(layout.threads)
@@ -101,24 +102,6 @@ def calibrate(model_path: str, shapes: Shapes, layout: WorkerLayout, max_batch: 
     log.info("Kernel timings (ms per layer): %s", ", ".join(
         f"{t.kernel}/{t.phase}/{t.path} {t.ms_per_layer:.2f}" for t in measurement.timings))
     return measurement
-
-
-def machine_id(threads: int) -> str:
-    """What kernel timings depend on: CPU model and flags, library versions, forced ISA, threads.
-    (Versions from package metadata: the parent need not import torch to find the cache.)"""
-    from importlib import metadata
-
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
-    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
-    model = fields.get("model name\t", "").strip() or os.uname().machine
-    flags = hashlib.sha256(fields.get("flags\t\t", "").encode()).hexdigest()[:8]
-    try:
-        ort = metadata.version("onnxruntime")
-    except metadata.PackageNotFoundError:
-        ort = "none"
-    isa = ",".join(f"{v}={os.environ[v]}" for v in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA") if v in os.environ)
-    libraries = f"torch {metadata.version('torch')}, onnxruntime {ort}"
-    return f"{model} (flags {flags}{', ' + isa if isa else ''}), {libraries}, {threads} threads"
 
 
 def _load(path: Path) -> Measurement:
@@ -163,7 +146,7 @@ def run_pinned(layout: WorkerLayout, target, *args, passive_omp: bool = False):
 
 
 def _run_pinned(layout: WorkerLayout, passive_omp: bool, target, args: tuple, conn) -> None:
-    from workers.process import pin_to_cores
+    from workers.host.pinning import pin_to_cores
 
     pin_to_cores(layout)
     if passive_omp:
@@ -179,8 +162,8 @@ def measure(model_path: str | None, shapes: Shapes, threads: int, max_batch: int
     """Time and check every available candidate in this process (see the module docstring)."""
     import torch
 
-    from workers.kernels import KERNELS
-    from workers.linear import unavailable
+    from workers.decoders.lean.kernels import KERNELS
+    from workers.decoders.lean.linear import unavailable
 
     started = time.perf_counter()
     torch.manual_seed(0)
@@ -226,7 +209,7 @@ def _errors(kernel, weights: list, threads: int) -> dict[str, float]:
     """Relative L2 error vs fp32 of the decode path (at 4 rows) and each prefill path (at 128)."""
     import torch
 
-    from workers.linear import build_linear, dtype_of, pack
+    from workers.decoders.lean.linear import build_linear, dtype_of, pack
 
     out: dict[str, float] = {}
     for w in weights:
@@ -277,7 +260,7 @@ def _time_kernel(kernel, shapes: Shapes, threads: int, max_batch: int, best: dic
     import torch
     import torch.nn.functional as F
 
-    from workers.linear import build_linear, dtype_of, pack, prefill_path
+    from workers.decoders.lean.linear import build_linear, dtype_of, pack, prefill_path
 
     n = _layers_to_time(shapes, _BYTES_PER_PARAM[kernel.format])
     def random_linear(out: int, k: int):

@@ -2,7 +2,7 @@
 
 ``prepare`` runs in the parent before any worker starts. It reads the model's safetensors,
 fuses q/k/v and gate/up, packs every linear (lm_head included) in the format of the kernel
-chosen for this CPU (``workers.kernels``: fp32, bf16, fp16, int8 per channel or per block),
+chosen for this CPU (``workers.decoders.lean.kernels``: fp32, bf16, fp16, int8 per channel or per block),
 casts the rest to the kernel's compute dtype, and writes one file (safetensors' layout,
 64-byte aligned) into the cache directory. ``map_prepared`` maps that file read-only-shared
 into a worker and builds tensors that point straight into the mapping: no copy, so N
@@ -29,9 +29,9 @@ from pathlib import Path
 
 import torch
 
-from workers.kernels import KERNELS, Kernel
-from workers.linear import dtype_of, pack
-from workers.model import ModelArgs, UnsupportedModel
+from workers.decoders.lean.kernels import KERNELS, Kernel
+from workers.decoders.lean.linear import dtype_of, pack
+from workers.decoders.lean.model import ModelArgs, UnsupportedModel
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The kernel choice: what was measured on this machine, what the flags allow, and the pick.
 
-``workers.calibrate`` measures; this module only decides, so the decision is a plain
+``workers.tuning.calibrate`` measures; this module only decides, so the decision is a plain
 function of given timings (tested on an AVX2 machine's and a bf16 machine's figures):
 
     choice = choose(measurement, Allowed(int8=True, dtype="auto", kernel="auto"))
@@ -62,7 +62,7 @@ class Allowed:
 
 @dataclass(frozen=True)
 class KernelChoice:
-    decode: str  # a workers.kernels.KERNELS name
+    decode: str  # a workers.decoders.lean.kernels.KERNELS name
     prefill: str  # one of that kernel's prefill paths
     dtype: str  # the model's compute dtype: the decode kernel's activations
     decode_gbps: float  # measured, at one row
@@ -96,7 +96,7 @@ def choose(m: Measurement, allowed: Allowed, max_error: float = MAX_REL_ERROR) -
     decode, half of them alone and half in a full batch: time to first token and tokens/s
     both count. Only paths whose error against fp32 is within ``max_error`` are candidates.
     """
-    from workers.kernels import KERNELS
+    from workers.decoders.lean.kernels import KERNELS
 
     prefill_phase = f"prefill-{PREFILL_ROWS}"
 

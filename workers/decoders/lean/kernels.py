@@ -4,13 +4,13 @@ Which way is fastest depends on the CPU, not on this code. On a Zen 4 with AVX51
 int8 weights through ``aten._weight_int8pack_mm`` with bf16 activations are fast; on a
 Zen 3 with AVX2 only, the same kernel with fp32 activations is ~10x slower than plain
 fp32, bf16 GEMMs are emulated, and onnxruntime's block-quantized int8 is the fastest. So no
-kernel is picked from CPU flags: ``workers.calibrate`` times each candidate on the model's
+kernel is picked from CPU flags: ``workers.tuning.calibrate`` times each candidate on the model's
 own shapes in a worker-like process and keeps the fastest that matches fp32.
 
-A kernel stores its weights in one *format* (what ``workers.weights`` writes to the shared
+A kernel stores its weights in one *format* (what ``workers.decoders.lean.weights`` writes to the shared
 file) and computes with activations of one dtype, which becomes the model's compute dtype.
 It has a decode path (a few rows: bound by reading the weights) and one or more prefill
-paths (many rows: bound by arithmetic), timed and chosen separately. ``workers.linear``
+paths (many rows: bound by arithmetic), timed and chosen separately. ``workers.decoders.lean.linear``
 holds the code of each; this module is only the catalogue, free of torch, so a worker can
 read it before torch loads (``set_thread_env``).
 """

@@ -5,22 +5,26 @@
                           cache lacks); after the last chunk, sample the first token
     step([seqs])       ─▶ one batched decode step for every prefilled live sequence
     step([seqs], seq, n) ─▶ the same, with seq's next n prompt tokens in the same call
-                          (decoders that fuse them: ``fuses_chunks``)
+                          (decoders that declare ``fuses_chunks``)
     finish(seq)        ─▶ keep its cache for the next turn, report its metrics
 
 ``start`` is ``begin`` plus a whole prefill. ``prefill`` and ``step`` take a ``decoder``:
-one of the engine's ``halves``, where its decoder has them, so that a prompt prefills on
-half the threads while the others decode on the other half. The worker loop admits requests
-with ``begin``, prefills a long prompt apart or in chunks with the decode steps (so it
-never freezes the other replies in the batch), steps all prefilled sequences together
-(several users share one pass over the weights) and ends one with ``finish`` on a stop
-token, the budget, or a Cancel — so a Stop takes effect within one decode step (a prompt
-apart: within one of its calls). The engine knows nothing about pipes or requests; the
-prompt is ``workers.prompt``'s, the draw ``workers.sampling``'s.
+one of its decoder's ``halves``, where it declares them, so that a prompt prefills on
+half the threads while the others decode on the other half. The worker's scheduler
+(``workers.scheduler``) admits requests with ``begin``, prefills a long prompt apart or in
+chunks with the decode steps (so it never freezes the other replies in the batch), steps
+all prefilled sequences together (several users share one pass over the weights) and ends
+one with ``finish`` on a stop token, the budget, or a Cancel — so a Stop takes effect
+within one decode step (a prompt apart: within one of its calls). The engine knows nothing
+about pipes or requests, and its decoder only through ``workers.decoders.base``.
+
+Every token goes the same way (``_take``): the decoder's logits → the sequence's processors
+(``workers.generation.processors``) → the draw (``workers.generation.sampling``) → stop
+tokens, the budget, stop strings → UTF-8-safe text (``workers.generation.detokenize``).
 
 A conversation's KV cache is kept after each turn, and a later prompt in the same scope
 prefills only the token ids that do not share a prefix with a kept one; every sequence's
-KV memory is committed against the worker's budget (``workers.conversations``).
+KV memory is committed against the worker's budget (``workers.generation.conversations``).
 """
 
 from __future__ import annotations
@@ -30,11 +34,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from workers.conversations import Conversations
-from workers.detokenize import IncrementalDetokenizer, StopStrings
-from workers.prompt import Prompt, build_prompt
+from workers.decoders.base import Decoder, KVCache
+from workers.generation.conversations import Conversations
+from workers.generation.detokenize import IncrementalDetokenizer, StopStrings
+from workers.generation.processors import LogitsProcessor, process, processors_for
+from workers.generation.prompt import Prompt, build_prompt
 from workers.protocol import ChatMessage, EngineConfig, FinishReason, Metrics, SamplingParams, TokenLogprob
-from workers.sampling import logprobs, sample
+from workers.generation.sampling import logprobs, sample
 
 
 @dataclass(frozen=True)
@@ -57,16 +63,16 @@ class Sequence:
 
     prompt_ids: list[int]
     params: SamplingParams
-    scope: str  # whose conversation (workers.conversations)
+    scope: str  # whose conversation (workers.generation.conversations)
     session_id: str | None
     budget: int  # most new tokens (Engine._budget)
     kv_bytes: int  # KV memory committed for the prompt and the whole budget (0 once released)
     detok: IncrementalDetokenizer
     stop_strings: StopStrings
-    history: torch.Tensor  # [<= repetition_window] recent ids, for repetition_penalty
+    processors: tuple[LogitsProcessor, ...]  # between its logits and the draw
     generator: torch.Generator | None
     key: str = ""  # the caller's name for it (the worker uses the request id)
-    cache: object = None
+    cache: KVCache | None = None
     cached: int = 0  # prompt tokens whose KV came from the conversation cache
     pending: list[int] = field(default_factory=list)  # prompt tokens still to prefill
     generated: list[int] = field(default_factory=list)  # the last one is sampled, not yet fed
@@ -79,12 +85,10 @@ class Sequence:
 
 @dataclass
 class Engine:
-    """Generation over a decoder: anything with ``new_cache()``, ``kv_bytes_per_token`` and
-    ``forward(ids [S], cache) -> [V]`` (``workers.model.Transformer``, the onnxruntime graph
-    ``workers.ort_decoder.OrtDecoder``, or ``workers.hf_decoder.HFDecoder`` for other
-    architectures)."""
+    """Generation over a ``Decoder`` (``workers.decoders.base``): the lean decoder, the
+    onnxruntime graph, or transformers for other architectures."""
 
-    decoder: object
+    decoder: Decoder
     tokenizer: object
     stop_ids: set[int]
     config: EngineConfig
@@ -140,7 +144,7 @@ class Engine:
             kv_bytes=self.kv_need(prompt_ids, params),
             detok=IncrementalDetokenizer(self.tokenizer),
             stop_strings=StopStrings(params.stop),
-            history=torch.tensor(prompt_ids[-self.config.repetition_window :], dtype=torch.long),
+            processors=processors_for(params, prompt_ids, self.config.repetition_window),
             generator=torch.Generator().manual_seed(params.seed) if params.seed is not None else None,
         )
         self.conversations.commit(seq.kv_bytes)
@@ -152,28 +156,9 @@ class Engine:
             seq.pending = list(prompt_ids[seq.cached :])
         return seq
 
-    @property
-    def fuses_chunks(self) -> bool:
-        """Whether a prompt chunk can ride in a decode step's call (``step(..., chunk_of=)``):
-        the decoder then reads its weights once for both."""
-        return hasattr(self.decoder, "forward_mixed")
-
-    @property
-    def halves(self) -> tuple[object, object] | None:
-        """(a decoder for the batch's steps, one for a prompt) on two halves of the threads, where
-        the decoder has them (``OrtDecoder.halves``), else None. A prompt prefilled on its half
-        while the others decode on theirs (``workers.process.PromptApart``) neither waits for
-        their steps nor stretches them more than the lost threads do: on the Qwen1.5-0.5B shape
-        on 2 cores (Zen 3), a step on one thread took 1.6x one on two; a 1,000-token prompt took
-        13 s against 20 s in chunks within the steps, and the others' longest gap meanwhile was
-        2.9x their pace against 3.3x (``benchmarks.chunked_bench``)."""
-        return getattr(self.decoder, "halves", None)
-
     def seat(self, seqs: list[Sequence], newcomer: Sequence) -> None:
-        """Before ``newcomer``'s prompt prefills beside the decoding ``seqs``: where the decoder
-        keeps a batch's caches together (``OrtDecoder.seat``), make room for it beside them."""
-        if (seat := getattr(self.decoder, "seat", None)) is not None:
-            seat([s.cache for s in seqs], newcomer.cache)
+        """Before ``newcomer``'s prompt prefills beside the decoding ``seqs`` (``Decoder.seat``)."""
+        self.decoder.seat([s.cache for s in seqs], newcomer.cache)
 
     @torch.no_grad()
     def prefill(self, seq: Sequence, max_tokens: int | None = None, decoder=None) -> Step | None:
@@ -184,7 +169,7 @@ class Engine:
             return None
         logits = (decoder or self.decoder).forward(torch.tensor(self._next_chunk(seq, max_tokens)), seq.cache,
                                                    logits=not seq.pending)  # [V]
-        return None if seq.pending else self._take(seq, sample(logits, seq.params, seq.history, seq.generator), logits)
+        return None if seq.pending else self._take(seq, logits)
 
     @torch.no_grad()
     def step(self, seqs: list[Sequence], chunk_of: Sequence | None = None,
@@ -192,17 +177,14 @@ class Engine:
         """One decode step for every unfinished, prefilled sequence, batched (on ``decoder``,
         default: the engine's); the new tokens' steps.
 
-        With ``chunk_of`` (a sequence still prefilling; only where ``fuses_chunks``), up to
-        ``chunk_tokens`` more of its prompt go into the same call, and once its prompt is all
-        in, its first token's step comes with the others'."""
+        With ``chunk_of`` (a sequence still prefilling; only where the decoder declares
+        ``fuses_chunks``), up to ``chunk_tokens`` more of its prompt go into the same call, and
+        once its prompt is all in, its first token's step comes with the others'."""
         decoder = decoder or self.decoder
         live = [s for s in seqs if s.reason is None and not s.pending]
-        if chunk_of is not None and not (live and chunk_of.pending and self.fuses_chunks):  # one after the other
-            steps = self.step(live, decoder=decoder)
-            first = self.prefill(chunk_of, chunk_tokens, decoder)
-            return steps + ([(chunk_of, first)] if first is not None else [])
         if not live:
-            return []
+            first = self.prefill(chunk_of, chunk_tokens, decoder) if chunk_of is not None else None
+            return [(chunk_of, first)] if first is not None else []
         tokens = torch.tensor([s.generated[-1] for s in live])  # [B]
         caches = [s.cache for s in live]
         if chunk_of is None:
@@ -212,7 +194,7 @@ class Engine:
             logits, last = decoder.forward_mixed(tokens, caches, chunk, chunk_of.cache, logits=not chunk_of.pending)
         steps = []
         for seq, row in [*zip(live, logits, strict=True), *([(chunk_of, last)] if last is not None else [])]:
-            step = self._take(seq, sample(row, seq.params, seq.history, seq.generator), row)
+            step = self._take(seq, row)
             if step is not None:
                 steps.append((seq, step))
         return steps
@@ -224,9 +206,13 @@ class Engine:
         chunk, seq.pending = seq.pending[:n], seq.pending[n:]
         return chunk
 
-    def _take(self, seq: Sequence, token: int, logits: torch.Tensor) -> Step | None:
-        """Record a sampled token: a stop token ends the sequence, others add text (and, when
-        asked for, their log-probabilities)."""
+    def _take(self, seq: Sequence, logits: torch.Tensor) -> Step | None:
+        """Choose the next token from the sequence's ``logits`` [V] and record it: a stop token
+        ends the sequence, others add text (and, when asked for, their log-probabilities,
+        from the raw logits)."""
+        token = sample(process(seq.processors, logits), seq.params, seq.generator)
+        for processor in seq.processors:
+            processor.advance(token)
         now = time.perf_counter()
         seq.first_token_at = seq.first_token_at or now
         seq.last_token_at = now
@@ -238,7 +224,6 @@ class Engine:
             logp, top = logprobs(logits, token, seq.params.logprobs)
             decode = self.tokenizer.decode
             seq.unsent_logprobs.append(TokenLogprob(decode([token]), logp, tuple((decode([i]), p) for i, p in top)))
-        seq.history = torch.cat([seq.history[1 - self.config.repetition_window :], torch.tensor([token])])
         if len(seq.generated) >= seq.budget:
             seq.reason = FinishReason.LENGTH
         text, stopped = seq.stop_strings.push(seq.detok.push(token))

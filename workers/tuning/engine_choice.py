@@ -1,16 +1,16 @@
 """Which engine serves a model faster on this CPU, measured as whole steps, once, and cached.
 
-The kernel calibration (``workers.calibrate``) times single linears, and so picks the lean
-decoder's kernel. But the lean decoder and the onnxruntime graph (``workers.ort_decoder``)
+The kernel calibration (``workers.tuning.calibrate``) times single linears, and so picks the lean
+decoder's kernel. But the lean decoder and the onnxruntime graph (``workers.decoders.ort.decoder``)
 differ most in what lies between the matmuls: the lean decoder spends ~7-11 ms per step on
 small torch ops that the graph runs inside one call, and the graph's int8 ``MatMulNBits``
 is the fastest matmul on many AVX2 CPUs (issue 8). Which wins depends on the CPU, the model
 and the thread count, so both are loaded as a worker loads them, in a process pinned and
 threaded like a worker, and timed on the same work: a prefill of ``PREFILL_ROWS`` tokens, a
-decode step alone, and one for a full batch. ``pick`` weighs them as ``workers.choice``
+decode step alone, and one for a full batch. ``pick`` weighs them as ``workers.tuning.kernel_choice``
 weighs kernels: a typical turn, half its reply decoded alone and half in a full batch.
 
-The graph has two ways to prefill (``workers.ort_decoder.PREFILL_PATHS``): on its int8
+The graph has two ways to prefill (``workers.decoders.ort.decoder.PREFILL_PATHS``): on its int8
 weights, or on an fp32 twin (1.2 GB more on Qwen1.5-0.5B, mapped by every worker from one packed file).
 Both are timed in the graph's process; the fp32 one is kept only where it is clearly faster
 (``WIDER_PREFILL_GAIN``): on a Zen 3 it was (0.67x at 512 tokens), and where int8 GEMMs have
@@ -31,9 +31,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.calibrate import machine_id, run_pinned
-from workers.choice import PREFILL_ROWS, TURN_PROMPT_TOKENS, TURN_REPLY_TOKENS
-from workers.cores import WorkerLayout
+from workers.host.machine import machine_id
+from workers.tuning.calibrate import run_pinned
+from workers.tuning.kernel_choice import PREFILL_ROWS, TURN_PROMPT_TOKENS, TURN_REPLY_TOKENS
+from workers.host.cores import WorkerLayout
 
 VERSION = 3  # bump when an engine changes what a step costs
 WIDER_PREFILL_GAIN = 0.9  # a prefill path holding a private fp32 copy must take at most this share of
@@ -44,7 +45,7 @@ CONTEXT = 2 * PREFILL_ROWS  # what each sequence holds while its steps are timed
 
 @dataclass(frozen=True)
 class Candidate:
-    """An engine as a worker loads it: ``workers.loader.load``'s arguments."""
+    """An engine as a worker loads it: ``workers.loading.load.load``'s arguments."""
 
     model_path: str
     weights: str  # prepared lean weights, or an onnxruntime graph directory
@@ -111,7 +112,7 @@ def pick_prefill(prefill_ms: dict[str, float]) -> str:
 
 def twin_fits(twin_bytes: int, available_bytes: int) -> bool:
     """Whether the fp32 twin's packed weights (``twin_bytes``; one copy, mapped from a file by
-    every worker: ``workers.ort_decoder.packed``) take at most half the memory available now:
+    every worker: ``workers.decoders.ort.packed.packed``) take at most half the memory available now:
     the rest is for the KV caches, the int8 weights and everything else. Unknown memory (0)
     does not fit: a prefill a little slower beats a machine paging its weights in and out."""
     return twin_bytes <= available_bytes / 2
@@ -141,15 +142,15 @@ def _config_of(model_path: str) -> str:
 
 def time_engine(c: Candidate, threads: int, max_batch: int) -> EngineTiming:
     """Load ``c`` as a worker does (in a process already pinned) and time its steps."""
-    from workers.kernels import set_thread_env
+    from workers.decoders.lean.kernels import set_thread_env
 
     if c.kernel:
         set_thread_env(c.kernel)
     import torch
 
-    from workers.loader import load
-    from workers.ort_decoder import PREFILL_PATHS
-    from workers.ort_graph import is_ort_model
+    from workers.loading.load import load
+    from workers.decoders.ort.decoder import PREFILL_PATHS
+    from workers.decoders.ort.graph import is_ort_model
 
     torch.set_num_threads(threads)
     offered = PREFILL_PATHS if is_ort_model(c.weights) and c.prefill is None else ()  # the graph's, to time each
