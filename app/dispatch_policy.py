@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from app.pool import WorkerProcess
-from workers.process import WorkerSpec
+from workers.spec import WorkerSpec
 from workers.protocol import Done, Ready
 
 

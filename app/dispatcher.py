@@ -16,7 +16,7 @@ Waiting requests hear their place in line whenever it changes (never by polling)
 
 The dispatcher exists before its model does: the server builds it from the core layout
 alone (the page and /health list the planned workers as "starting" at once), prepares the
-model in the background, then calls ``start(ModelSource(...))`` or, failing, ``fail_start``.
+model in the background, then calls ``start(EngineSpec(...))`` or, failing, ``fail_start``.
 
 Observers (e.g. the Prometheus metrics) get every request's one final event on the loop
 thread: its ``Done`` (also one confirming a Stop after the client left) or ``Failed`` (also
@@ -37,7 +37,7 @@ from app.dispatch_policy import Progress, WorkerHandle, WorkerSnapshot, WorkerSt
 from app.pool import ProcessPool
 from app.routing import Routes
 from workers.host.cores import WorkerLayout
-from workers.process import WorkerSpec
+from workers.spec import EngineSpec, WorkerSpec
 from workers.protocol import ChatMessage, Chunk, Done, Failed, Notice, SamplingParams  # what a stream yields
 from workers.protocol import Cancel, EngineConfig, ErrorCode, FromWorker, Generate, Ready  # to and from workers
 
@@ -74,26 +74,13 @@ class Lease:
     channel: asyncio.Queue
 
 
-@dataclass(frozen=True)
-class ModelSource:
-    """What every worker loads; may be known only after a download or conversion."""
-
-    path: str  # a local Hugging Face-format directory
-    name: str
-    weights: str | None = None  # prepared lean-decoder weights or onnxruntime graph, shared; None: transformers
-    dtype: str = "float32"  # the compute dtype (the chosen kernel's activations)
-    kernel: str | None = None  # the lean decoder's linear kernel (workers.decoders.lean.kernels)
-    prefill: str | None = None  # and its prefill path
-    kernels: str = ""  # the kernel choice in words, for the log, the panel and /health
-
-
 @dataclass
 class DispatcherConfig:
     layouts: list[WorkerLayout]
     max_batch: int  # requests each worker decodes together
     max_queue: int  # requests that may wait for a free slot
     engine_config: EngineConfig
-    source: ModelSource | None = None  # None: given to ``start`` once the model is ready
+    engine: EngineSpec | None = None  # None: given to ``start`` once the model is ready
     log_level: int = logging.INFO
 
 
@@ -120,17 +107,14 @@ class Dispatcher:
         """Bind to the serving event loop before the model is known (requests can then queue)."""
         self._loop = asyncio.get_running_loop()
 
-    def start(self, source: ModelSource | None = None) -> None:
-        """Start every worker on ``source`` (default: the config's); call on the serving loop."""
-        source = source or self.config.source
-        if source is None:
-            raise ValueError("Dispatcher.start needs a ModelSource (none in the config)")
+    def start(self, engine: EngineSpec | None = None) -> None:
+        """Start every worker on ``engine`` (default: the config's); call on the serving loop."""
+        engine = engine or self.config.engine
+        if engine is None:
+            raise ValueError("Dispatcher.start needs an EngineSpec (none in the config)")
         self._loop = asyncio.get_running_loop()
-        self.pool.start(self._loop, {w.id: WorkerSpec(
-            w.process.layout, source.path, source.name, source.dtype, self.config.engine_config,
-            weights=source.weights, kernel=source.kernel,
-            prefill=source.prefill, kernels=source.kernels, log_level=self.config.log_level,
-        ) for w in self.workers})
+        self.pool.start(self._loop, {w.id: WorkerSpec(w.process.layout, engine, self.config.engine_config,
+                                                      log_level=self.config.log_level) for w in self.workers})
 
     def fail_start(self, message: str) -> None:
         """The model could not be prepared: fail every waiting request, and every later one,

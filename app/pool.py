@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 import multiprocess
 
 from workers.host.cores import WorkerLayout
-from workers.process import WorkerSpec, run_worker
+from workers.process import run_worker
+from workers.spec import WorkerSpec
 from workers.protocol import FromWorker, Ready, Shutdown, ToWorker
 
 log = logging.getLogger(__name__)
@@ -149,7 +150,7 @@ class ProcessPool:
         threading.Thread(target=self._write, args=(worker.id, parent, worker.outbox), daemon=True,
                          name=f"worker-{worker.id}-writer").start()
         log.info("worker %d: loading %s and warming up (pid %d, cpus %s, %d threads)", worker.id,
-                 worker.spec.model_name, process.pid, worker.layout.cpus, worker.layout.threads)
+                 worker.spec.engine.model_name, process.pid, worker.layout.cpus, worker.layout.threads)
 
     def _read(self, worker: WorkerProcess, conn, process) -> None:
         """Runs in a thread per worker: block on the pipe, hand messages to the loop.

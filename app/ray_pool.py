@@ -30,7 +30,7 @@ from app.pool import SHUTDOWN_GRACE_S, call_soon, count_death, respawn_delay
 from app.ray_place import RayNode, place
 from workers.host.cores import WorkerLayout, physical_cores
 from workers.errors import ConfigError
-from workers.process import WorkerSpec
+from workers.spec import WorkerSpec
 from workers.protocol import FromWorker, Ready, Shutdown, ToWorker
 from workers.ray_actor import ACTOR_THREADS, WorkerActor
 

@@ -1,4 +1,4 @@
-"""What the app itself would serve a model on, here: ``app.server.prepare_model`` (kernels
+"""What the app itself would serve a model on, here: ``app.prepare.prepare_model`` (kernels
 measured, weights prepared, and with ``--engine auto`` the engines measured), run in a
 process of its own and printed as one JSON line.
 
@@ -11,7 +11,6 @@ runs the choice must set the chosen kernel's thread policy before torch loads.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -32,7 +31,7 @@ def app_choice(spec: dict) -> dict:
 
 def main(spec: dict) -> dict:
     from app.config import load_config
-    from app.server import prepare_model
+    from app.prepare import prepare_model
     from app.startup import Startup
     from workers.host.cores import WorkerLayout
 
@@ -41,10 +40,8 @@ def main(spec: dict) -> dict:
     threads = spec.get("threads") or len(os.sched_getaffinity(0))
     layout = WorkerLayout(0, tuple(sorted(os.sched_getaffinity(0)))[:threads], threads)
     startup = Startup()
-    source = prepare_model(config, layout, startup)
-    engine = "lean" if source.kernel else "ort" if source.weights else "hf"
-    return {"engine": engine, **{k: v for k, v in dataclasses.asdict(source).items()
-                                 if k in ("kernel", "prefill", "kernels")},
+    spec = prepare_model(config, layout, startup)
+    return {"engine": spec.engine.value, "kernel": spec.kernel, "prefill": spec.prefill, "kernels": spec.summary,
             "engine_timings_ms": startup.engine.report()["timings_ms"] if startup.engine else None}
 
 

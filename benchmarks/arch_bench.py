@@ -49,18 +49,19 @@ def measure(spec: dict) -> dict:
     set_thread_env(kernel["kernel"])  # before torch loads
     import torch
 
-    from workers.loading.load import load
     from workers.decoders.lean.weights import prepare
+    from workers.loading.load import load
+    from workers.spec import EngineSpec
 
     torch.set_num_threads(THREADS)
     decoders = {}
     for label, engine in ENGINES.items():
         if engine["engine"] == "lean":
             weights = prepare(spec["model"], kernel["kernel"], Path(spec["cache_dir"]))
-            decoders[label] = load(spec["model"], weights=str(weights), prefill=kernel["prefill"],
-                                   threads=THREADS).decoder
+            decoders[label] = load(EngineSpec.lean(spec["model"], str(weights), kernel["kernel"], kernel["prefill"]),
+                                   THREADS).decoder
         else:
-            decoders[label] = load(spec["model"], engine["dtype"]).decoder
+            decoders[label] = load(EngineSpec.hf(spec["model"], engine["dtype"])).decoder
     prompt = torch.randint(100, 40000, (PROMPT_TOKENS,), generator=torch.Generator().manual_seed(0))
 
     def decode(decoder, n: int) -> float:
@@ -87,15 +88,17 @@ def check_logits(spec: dict) -> dict:
     os.environ["OMP_NUM_THREADS"] = str(THREADS)
     import torch
 
-    from workers.loading.load import load
     from workers.decoders.lean.weights import prepare
+    from workers.loading.load import load
+    from workers.spec import EngineSpec
 
     torch.set_num_threads(THREADS)
     prompt = torch.randint(100, 40000, (PROMPT_TOKENS,), generator=torch.Generator().manual_seed(0))
     logits = {}
     for engine in ("lean", "hf"):
-        weights = str(prepare(spec["model"], "fp32", Path(spec["cache_dir"]))) if engine == "lean" else None
-        decoder = load(spec["model"], "float32", weights, threads=THREADS).decoder
+        engine_spec = (EngineSpec.lean(spec["model"], str(prepare(spec["model"], "fp32", Path(spec["cache_dir"]))),
+                                       "fp32") if engine == "lean" else EngineSpec.hf(spec["model"]))
+        decoder = load(engine_spec, THREADS).decoder
         cache = decoder.new_cache()
         out = [decoder.forward(prompt, cache)]
         for token in range(1000, 1008):  # the same forced tokens on both

@@ -7,7 +7,7 @@
 app's own kernel choice. ``"engine": "ort"`` runs the whole step as one onnxruntime graph
 (``--engine ort``); ``"engine": "auto"`` runs whatever the app itself picks here (its
 measured kernel on the lean decoder, or the graph). Both choices are the server's own,
-``app.server.prepare_model`` (``benchmarks.app_choice``).
+``app.prepare.prepare_model`` (``benchmarks.app_choice``).
 
 prints one JSON line: prefill ms for 64- and 512-token prompts, decode tok/s for 64 forced
 new tokens at batch 1, the kernels; for the lean decoder the matmul floor; and with
@@ -144,7 +144,8 @@ class Decoding:
         step's call; "chunks", each chunk a call of its own."""
         from app.config import load_config
         from workers.generation.engine import Engine
-        from workers.process import WorkerSpec, warm_up
+        from workers.process import warm_up
+        from workers.spec import WorkerSpec
         from workers.scheduler.batch import Batch
         from workers.scheduler.prefill import APART_TOKENS, Fused, Interleaved
         from workers.protocol import ChatMessage, EngineConfig, Generate, SamplingParams
@@ -164,7 +165,7 @@ class Decoding:
 
             def step(self) -> None:
                 sent = len(self.times["reply"])
-                chunk = self.prefill.chunk
+                chunk = self.strategy.chunk
                 fused = chunk.fused and any(s.pending for s in self.active.values())
                 super().step()
                 fused = fused and bool(chunk.timed)
@@ -201,7 +202,7 @@ class Decoding:
         return {"usual_ms_per_token": usual * 1000, "longest_gap_ms": worst * 1000, "longest_gap_x": worst / usual,
                 "longest_gap_steps": worst_steps, "longest_gap_at": worst_at, "gaps_during": len(during),
                 "prefill_chunked_ms": (first - sent) * 1000, "prefill_one_piece_ms": one_piece * 1000,
-                "chunk_tokens": APART_TOKENS if apart else batch.prefill.chunk.tokens, "apart": float(apart)}
+                "chunk_tokens": APART_TOKENS if apart else batch.strategy.chunk.tokens, "apart": float(apart)}
 
     def conversation(self, reuse: bool) -> list[float]:
         """TTFT (ms) of each turn; each turn adds a user message and a forced reply to the history.
@@ -235,17 +236,17 @@ class Ort(Decoding):
     def __init__(self, spec: dict) -> None:
         import torch
 
-        from workers.loading.load import load
         from workers.decoders.ort.graph import build
+        from workers.loading.load import load
+        from workers.spec import EngineSpec
 
         self.torch = torch
         graph = build(spec["model"], Path(spec["cache_dir"]))
-        prefill = spec.get("prefill") or "int8"  # the app's choice (engine_choice.pick_prefill), or forced
-        loaded = load(spec["model"], weights=str(graph), prefill=prefill, threads=spec.get("threads") or 2)
+        prefill = spec.get("prefill") or "same"  # the app's choice (engine_choice.pick_prefill), or forced
+        loaded = load(EngineSpec.ort(spec["model"], str(graph), prefill), spec.get("threads") or 2)
         self.decoder, self.tokenizer = loaded.decoder, loaded.tokenizer
         self.private_weight_bytes = loaded.private_weight_bytes
-        self.kernel = {"decode": "onnxruntime graph (int8)", "prefill": "same" if prefill == "int8" else
-                       "its fp32 twin"}
+        self.kernel = {"decode": "onnxruntime graph (int8)", "prefill": prefill}
 
 
 class Lean(Decoding):
@@ -254,12 +255,14 @@ class Lean(Decoding):
     def __init__(self, spec: dict) -> None:
         import torch
 
-        from workers.loading.load import load
         from workers.decoders.lean.weights import prepare
+        from workers.loading.load import load
+        from workers.spec import EngineSpec
 
         self.torch = torch
         weights = prepare(spec["model"], spec["kernel"], Path(spec["cache_dir"]))
-        loaded = load(spec["model"], weights=str(weights), prefill=spec.get("prefill"), threads=torch.get_num_threads())
+        loaded = load(EngineSpec.lean(spec["model"], str(weights), spec["kernel"], spec.get("prefill")),
+                      torch.get_num_threads())
         self.decoder, self.tokenizer = loaded.decoder, loaded.tokenizer
         self.private_weight_bytes = loaded.private_weight_bytes
         self.kernel = {"decode": spec["kernel"], "prefill": self.decoder.prefill_path}

@@ -8,9 +8,10 @@ import threading
 import time
 
 from app.config import load_config
-from app.dispatcher import Dispatcher, DispatcherConfig, ModelSource
+from app.dispatcher import Dispatcher, DispatcherConfig
 from workers.host.cores import plan_layout
 from workers.protocol import ChatMessage, Chunk, Done, EngineConfig, Failed, SamplingParams
+from workers.spec import EngineSpec
 
 
 def two_single_core_layouts():
@@ -20,9 +21,9 @@ def two_single_core_layouts():
 
 
 class Pool:
-    def __init__(self, source: ModelSource, max_queue: int = 64, wait_ready: bool = True, max_batch: int = 4,
+    def __init__(self, engine: EngineSpec, max_queue: int = 64, wait_ready: bool = True, max_batch: int = 4,
                  layouts: list | None = None, kv_cache_bytes: int | None = None) -> None:
-        """``source.weights``: a prepared lean-decoder file (what the app uses); None loads transformers.
+        """``engine``: what every worker loads (the app's lean decoder, mostly).
         ``layouts``: the workers (default: two single-core ones); ``kv_cache_bytes``: each one's
         KV memory budget (default: the config's)."""
         self.loop = asyncio.new_event_loop()
@@ -32,7 +33,7 @@ class Pool:
         engine_config = EngineConfig(max_context_tokens=config.max_context_tokens,
                                      kv_cache_bytes=kv_cache_bytes or config.kv_cache_mb * 2**20)
         self.dispatcher = Dispatcher(DispatcherConfig(layouts or two_single_core_layouts(), max_batch, max_queue,
-                                                      engine_config, source))
+                                                      engine_config, engine))
         self.run(self._start(until_ready=wait_ready), timeout=240)
 
     async def _start(self, until_ready: bool) -> None:

@@ -28,6 +28,7 @@ from workers.loading.load import load
 from workers.decoders.lean.kernels import PREFILL_FROM_ROWS
 from workers.decoders.ort.decoder import PREFILL_PATHS
 from workers.protocol import ChatMessage, EngineConfig, SamplingParams
+from workers.spec import EngineSpec
 
 GREEDY = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=24)
 
@@ -42,7 +43,7 @@ def ort_graph(bundled_model, cache_dir):
 @pytest.fixture(scope="module", params=PREFILL_PATHS)
 def ort_engine(request, bundled_model, ort_graph):
     """The graph, prompts prefilled on its int8 weights or on its fp32 twin (``PREFILL_PATHS``)."""
-    loaded = load(bundled_model.path, weights=str(ort_graph), prefill=request.param, threads=1)
+    loaded = load(EngineSpec.ort(bundled_model.path, str(ort_graph), request.param), threads=1)
     return Engine(loaded.decoder, loaded.tokenizer, loaded.stop_ids,
                   EngineConfig(max_context_tokens=load_config().max_context_tokens))
 
@@ -74,10 +75,10 @@ def test_workers_map_the_packed_weights_instead_of_copying_them(ort_graph, bundl
     mapped_bytes, packing_bytes = session_bytes(ort_graph / GRAPH, True), session_bytes(ort_graph / GRAPH, False)
     assert packing_bytes > 50 * 2**20 and mapped_bytes < packing_bytes / 3, (mapped_bytes, packing_bytes)
     ids = torch.tensor(bundled_tokenizer("The lighthouse keeper climbed the stairs").input_ids)
-    decoder = load(str(ort_graph), weights=str(ort_graph), threads=1).decoder
+    decoder = load(EngineSpec.ort(str(ort_graph), str(ort_graph)), threads=1).decoder
     logits = {}
     for pack in (True, False):
-        decoder.session = decoder.prefill_sessions["int8"] = open_session(ort_graph / GRAPH, 1, pack)
+        decoder.session = decoder.prefill_sessions["same"] = open_session(ort_graph / GRAPH, 1, pack)
         logits[pack] = decoder.forward(ids, decoder.new_cache())
     assert torch.equal(logits[True], logits[False])
 
@@ -153,7 +154,7 @@ def test_a_prompt_prefilled_within_the_others_decode_steps_changes_no_answer(ort
     ids = [ort_engine.prompt([ChatMessage("user", q)], 24).ids for q in prompts]
     decoder = ort_engine.decoder
     alone = [generate(ort_engine, i, GREEDY)[0] for i in ids[:-1]]
-    path, decoder.prefill = decoder.prefill, "int8"
+    path, decoder.prefill = decoder.prefill, "same"
     try:
         alone.append(generate(ort_engine, ids[-1], GREEDY)[0])
     finally:

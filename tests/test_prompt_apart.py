@@ -15,6 +15,7 @@ from workers.loading.load import load
 from workers.scheduler.batch import Batch
 from workers.scheduler.prefill import APART_TOKENS
 from workers.protocol import ChatMessage, Chunk, Done, EngineConfig, FinishReason, Generate, SamplingParams
+from workers.spec import EngineSpec
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="halves need two threads (CI has 2 cores)")
 
@@ -43,7 +44,7 @@ class Outbox:
 def engine(bundled_model, cache_dir):
     from workers.decoders.ort.graph import build
 
-    loaded = load(bundled_model.path, weights=str(build(bundled_model.path, cache_dir)), prefill="fp32", threads=2)
+    loaded = load(EngineSpec.ort(bundled_model.path, str(build(bundled_model.path, cache_dir)), "widen-fp32"), threads=2)
     assert loaded.decoder.halves is not None
     return Engine(loaded.decoder, loaded.tokenizer, loaded.stop_ids,
                   EngineConfig(max_context_tokens=load_config().max_context_tokens))
@@ -77,7 +78,7 @@ def apart_beside_a_reply(engine, scope: str, reply_chars: int) -> tuple[Batch, O
         batch.step()
     batch.admit(Generate("long", long_messages(scope), SHORT, scope=scope))
     batch.step()
-    assert batch.prefill.job is not None and batch.prefill.job.seq.pending  # prefilling beside the reply's steps
+    assert batch.strategy.job is not None and batch.strategy.job.seq.pending  # prefilling beside the reply's steps
     return batch, outbox
 
 
@@ -86,7 +87,7 @@ def test_a_prompt_prefilled_apart_changes_no_answer(engine):
     want_long = alone(engine, "long", long_messages("b"), SHORT, "b-alone")
     batch, outbox = apart_beside_a_reply(engine, "b", reply_chars=8)
     steps_meanwhile = 0
-    while batch.prefill.job is not None:
+    while batch.strategy.job is not None:
         batch.step()
         steps_meanwhile += 1
     while batch.busy:
@@ -103,7 +104,7 @@ def test_a_stop_while_the_prompt_prefills_apart_ends_it_and_frees_its_memory(eng
     while outbox.done("long") is None:
         batch.step()
     assert outbox.done("long").finish_reason == FinishReason.CANCELLED and not outbox.text("long")
-    assert batch.prefill.job is None and "long" not in batch.active
+    assert batch.strategy.job is None and "long" not in batch.active
     while batch.busy:
         batch.step()
     assert outbox.done("reply").finish_reason == FinishReason.LENGTH

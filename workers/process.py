@@ -13,12 +13,11 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass
 
 from workers.decoders.lean.kernels import set_thread_env
-from workers.host.cores import WorkerLayout
 from workers.host.pinning import die_with_parent, pin_to_cores
-from workers.protocol import ChatMessage, EngineConfig, Ready, SamplingParams
+from workers.protocol import ChatMessage, Ready, SamplingParams
+from workers.spec import WorkerSpec
 
 log = logging.getLogger("workers")
 
@@ -27,21 +26,6 @@ WARMUP_MESSAGES = (  # a short and a longer prompt: the two matmul paths (see wo
     (ChatMessage("user", "Please tell me, in a few friendly words, what you can help me with today, "
                          "and how I should phrase my questions to get the most useful answers."),),
 )
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    layout: WorkerLayout
-    model_path: str
-    model_name: str
-    dtype: str  # "bfloat16" | "float32", already resolved
-    engine_config: EngineConfig
-    weights: str | None = None  # prepared lean-decoder weights (workers.decoders.lean.weights); None: transformers
-    kernel: str | None = None  # the kernel the weights are packed for (workers.decoders.lean.kernels)
-    prefill: str | None = None  # its prefill path
-    kernels: str = ""  # the kernel choice in words, reported back in Ready
-    warmup_tokens: int = 8
-    log_level: int = logging.INFO
 
 
 def run_worker(spec: WorkerSpec, conn) -> None:
@@ -64,8 +48,8 @@ def load_engine(spec: WorkerSpec):
     """Load and warm up the engine, in a process already pinned (``pin_to_cores``) and
     before torch is imported; returns it with the ``Ready`` to send. Shared by the pipe
     worker and the Ray actor (``workers.ray_actor``)."""
-    if spec.kernel:
-        set_thread_env(spec.kernel)
+    if spec.engine.kernel:
+        set_thread_env(spec.engine.kernel)
     logging.basicConfig(level=spec.log_level,
                         format=f"%(asctime)s worker {spec.layout.worker_id} %(levelname)s %(message)s")
     import torch
@@ -75,7 +59,7 @@ def load_engine(spec: WorkerSpec):
     from workers.loading.load import load
 
     started = time.monotonic()
-    loaded = load(spec.model_path, spec.dtype, spec.weights, spec.prefill, spec.layout.threads)
+    loaded = load(spec.engine, spec.layout.threads)
     engine = Engine(loaded.decoder, loaded.tokenizer, loaded.stop_ids, spec.engine_config,
                     worker=spec.layout.worker_id)
     warm_up(engine, spec.warmup_tokens)
@@ -85,9 +69,9 @@ def load_engine(spec: WorkerSpec):
         pid=os.getpid(),
         cores=tuple(sorted(os.sched_getaffinity(0))),
         threads=spec.layout.threads,  # the engine's (onnxruntime's own pool; torch then samples on one)
-        dtype=spec.dtype,
+        dtype=spec.engine.dtype,
         load_s=load_s,
-        kernels=spec.kernels or f"transformers, {spec.dtype}",
+        kernels=spec.engine.summary,
         private_weight_bytes=loaded.private_weight_bytes,
     )
 

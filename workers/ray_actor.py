@@ -32,7 +32,8 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 
-from workers.process import WorkerSpec, load_engine
+from workers.process import load_engine
+from workers.spec import EngineKind, WorkerSpec
 
 log = logging.getLogger("workers")
 
@@ -77,25 +78,25 @@ def localize(spec: WorkerSpec, model: str, cache_dir: str) -> WorkerSpec:
     (same machine, or a shared path), else the model resolved and its weights prepared
     here (the lean decoder's file, or ``--engine ort``'s graph), once per node: the first
     actor prepares under a file lock, the others wait and find it."""
-    if Path(spec.model_path).is_dir() and (spec.weights is None or Path(spec.weights).exists()):
+    engine = spec.engine
+    if Path(engine.model_path).is_dir() and (engine.weights is None or Path(engine.weights).exists()):
         return spec
-    from workers.loading.resolve import resolve_model
-    from workers.decoders.ort.graph import build
     from workers.decoders.lean.weights import prepare
+    from workers.decoders.ort.graph import build
+    from workers.loading.resolve import resolve_model
 
     cache = Path(cache_dir).expanduser()
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / "node-prepare.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        log.info("preparing %s on this node (the head's path %s is not here)", model, spec.model_path)
+        log.info("preparing %s on this node (the head's path %s is not here)", model, engine.model_path)
         resolved = resolve_model(model, cache)
-        if not spec.weights:
-            weights = None
-        elif spec.kernel:  # the lean decoder's file
-            weights = str(prepare(resolved.path, spec.kernel, cache))
-        else:  # --engine ort's graph directory
+        weights = None  # transformers reads the model directory itself
+        if engine.engine is EngineKind.LEAN:
+            weights = str(prepare(resolved.path, engine.kernel, cache))
+        elif engine.engine is EngineKind.ORT:
             weights = str(build(resolved.path, cache))
-    return replace(spec, model_path=resolved.path, weights=weights)
+    return replace(spec, engine=replace(engine, model_path=resolved.path, weights=weights))
 
 
 class WorkerActor:

@@ -161,9 +161,9 @@ class Engine:
         self.decoder.seat([s.cache for s in seqs], newcomer.cache)
 
     @torch.no_grad()
-    def prefill(self, seq: Sequence, max_tokens: int | None = None, decoder=None) -> Step | None:
+    def prefill(self, seq: Sequence, max_tokens: int | None = None, decoder: Decoder | None = None) -> Step | None:
         """Prefill up to ``max_tokens`` (default: all) of the prompt, on ``decoder`` (default: the
-        engine's; e.g. a half of ``halves``); once it is all in the cache, sample the first token
+        engine's; e.g. one of ``Decoder.halves``); once it is all in the cache, sample the first token
         and return its step."""
         if not seq.pending:
             return None
@@ -173,7 +173,7 @@ class Engine:
 
     @torch.no_grad()
     def step(self, seqs: list[Sequence], chunk_of: Sequence | None = None,
-             chunk_tokens: int | None = None, decoder=None) -> list[tuple[Sequence, Step]]:
+             chunk_tokens: int | None = None, decoder: Decoder | None = None) -> list[tuple[Sequence, Step]]:
         """One decode step for every unfinished, prefilled sequence, batched (on ``decoder``,
         default: the engine's); the new tokens' steps.
 

@@ -5,54 +5,48 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from workers.decoders.base import Decoder
 from workers.host.memory import anonymous_bytes
+from workers.spec import EngineKind, EngineSpec
 
 
 @dataclass
 class Loaded:
     tokenizer: object
-    decoder: object  # workers.decoders.lean.model.Transformer or workers.decoders.hf.HFDecoder
+    decoder: Decoder
     stop_ids: set[int]
     private_weight_bytes: int = 0  # measured: memory of its own the decoder's kernels packed
 
 
-def load(path: str, dtype: str = "float32", weights: str | None = None, prefill: str | None = None,
-         threads: int = 1) -> Loaded:
-    """Tokenizer and decoder for a resolved model directory.
-
-    ``weights`` is a file made by ``workers.decoders.lean.weights.prepare`` (lean decoder, memory-mapped,
-    packed for the kernel it names; ``prefill`` picks that kernel's prefill path), or a
-    directory made by ``workers.decoders.ort.graph.build`` (one onnxruntime graph; ``prefill`` "fp32"
-    loads its fp32 twin for prompts as well); without it the
-    transformers model is loaded in ``dtype`` (any architecture, slower per token).
-    """
+def load(spec: EngineSpec, threads: int = 1) -> Loaded:
+    """Tokenizer and decoder for ``spec``, on ``threads`` (the process is pinned already)."""
     import torch
     from transformers import AutoTokenizer, GenerationConfig
 
-    from workers.decoders.ort.decoder import OrtDecoder
-    from workers.decoders.ort.graph import is_ort_model
     from workers.generation.prompt import stop_token_ids
 
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(spec.model_path)
     try:
-        eos = GenerationConfig.from_pretrained(path).eos_token_id
+        eos = GenerationConfig.from_pretrained(spec.model_path).eos_token_id
     except OSError:  # no generation_config.json
         eos = None
-    if is_ort_model(weights):
-        before = anonymous_bytes()
-        decoder = OrtDecoder(weights, threads, prefill or "int8")
-        return Loaded(tokenizer, decoder, stop_token_ids(tokenizer, eos), max(0, anonymous_bytes() - before))
-    if weights:
+    stop_ids = stop_token_ids(tokenizer, eos)
+    before = anonymous_bytes()
+    if spec.engine is EngineKind.ORT:
+        from workers.decoders.ort.decoder import OrtDecoder
+
+        decoder = OrtDecoder(spec.weights, threads, spec.prefill)
+    elif spec.engine is EngineKind.LEAN:
         from workers.decoders.lean.model import Transformer
         from workers.decoders.lean.weights import map_prepared
 
-        args, kernel, tensors = map_prepared(Path(weights))
-        before = anonymous_bytes()
-        decoder = Transformer(args, tensors, kernel, prefill, threads)
-        return Loaded(tokenizer, decoder, stop_token_ids(tokenizer, eos), max(0, anonymous_bytes() - before))
-    from transformers import AutoModelForCausalLM
+        args, kernel, tensors = map_prepared(Path(spec.weights))
+        decoder = Transformer(args, tensors, kernel, spec.prefill, threads)
+    else:
+        from transformers import AutoModelForCausalLM
 
-    from workers.decoders.hf import HFDecoder
+        from workers.decoders.hf import HFDecoder
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
-    return Loaded(tokenizer, HFDecoder(model.eval()), stop_token_ids(tokenizer, eos))
+        model = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=getattr(torch, spec.dtype))
+        return Loaded(tokenizer, HFDecoder(model.eval()), stop_ids)
+    return Loaded(tokenizer, decoder, stop_ids, max(0, anonymous_bytes() - before))

@@ -16,9 +16,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import logging
-import shutil
 import socket
-import tempfile
 import time
 import urllib.parse
 from collections.abc import Callable
@@ -26,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workers.errors import ModelNotFound
+from workers.host.publish import publishing
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +139,7 @@ def convert_gguf(gguf: Path, cache_dir: Path, report: Report = _quiet) -> Path:
     """Dequantize a GGUF file once into a safetensors directory; later starts load that.
 
     The directory name includes the file's size and mtime, so a changed file is converted
-    again. Written to a temporary directory and renamed, so an interrupted conversion never
+    again. Published whole (``workers.host.publish``): an interrupted conversion never
     leaves a half-written model behind.
     """
     stat = gguf.stat()
@@ -153,20 +152,14 @@ def convert_gguf(gguf: Path, cache_dir: Path, report: Report = _quiet) -> Path:
 
     log.info("Converting %s to safetensors in %s (once; later starts reuse it)", gguf.name, out)
     started = time.monotonic()
-    out.parent.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # The weights are now plain dequantized tensors; drop the GGUF marker that blocks saving.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-"))
-    try:
+    with publishing(out, directory=True) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     log.info("Converted %s in %.1f s", gguf.name, time.monotonic() - started)
     return out

@@ -45,7 +45,7 @@ class Batch:
         self.arrived: deque[Generate] = deque()
         self.waiting: dict[str, Admitted] = {}  # prompt built, waiting for KV memory (arrival order)
         self.active: dict[str, Sequence] = {}  # request id -> its sequence (one apart included)
-        self.prefill = (strategy or strategy_for(engine))(engine)
+        self.strategy = (strategy or strategy_for(engine))(engine)
 
     @property
     def busy(self) -> bool:
@@ -105,17 +105,17 @@ class Batch:
         """One decode step for the prefilled requests, and the prefill strategy's share of the
         oldest request still prefilling (the next one waits for it)."""
         self._take_back()
-        seqs = [s for s in self.active.values() if not self.prefill.holds(s)]
+        seqs = [s for s in self.active.values() if not self.strategy.holds(s)]
         decoding = [s for s in seqs if not s.pending]
         prefilling = next((s for s in seqs if s.pending and s.reason is None), None)
-        for seq, step in self.prefill.step(decoding, prefilling):
+        for seq, step in self.strategy.step(decoding, prefilling):
             self._send(seq, step)
         self._settle()
 
     def _take_back(self) -> None:
         """The prompt prefilled apart, once its thread is done: it decodes with the others from
         now on, or ends (its memory free now that its thread is done with it)."""
-        job: PromptApart | None = self.prefill.finished()
+        job: PromptApart | None = self.strategy.finished()
         if job is None:
             return
         seq = job.seq
@@ -137,8 +137,8 @@ class Batch:
         if arrived is not None:
             self.arrived.remove(arrived)
             self.conn.send(Done(rid, FinishReason.CANCELLED, Metrics(worker=self.worker_id)))
-        elif (seq := self.active.get(rid)) is not None and self.prefill.holds(seq):
-            self.prefill.stop(Stopped.CANCELLED)  # its Done goes once its thread stops (_take_back)
+        elif (seq := self.active.get(rid)) is not None and self.strategy.holds(seq):
+            self.strategy.stop(Stopped.CANCELLED)  # its Done goes once its thread stops (_take_back)
         elif seq is not None:
             self._finish(self.active.pop(rid), FinishReason.CANCELLED)
             self._settle()
@@ -149,8 +149,8 @@ class Batch:
         """A step failed: every request this worker holds gets ``Failed``; the loop goes on."""
         for rid in [*self.active, *self.waiting, *(r.request_id for r in self.arrived)]:
             seq = self.active.get(rid)
-            if seq is not None and self.prefill.holds(seq):
-                if self.prefill.stop(Stopped.FAILED):  # its memory is released once its thread stops
+            if seq is not None and self.strategy.holds(seq):
+                if self.strategy.stop(Stopped.FAILED):  # its memory is released once its thread stops
                     self.conn.send(self.failed(rid, exc))
                 continue
             if seq is not None:
@@ -178,7 +178,7 @@ class Batch:
         for a reply)."""
         while True:
             for rid, seq in list(self.active.items()):
-                if seq.reason is not None and not self.prefill.holds(seq):
+                if seq.reason is not None and not self.strategy.holds(seq):
                     del self.active[rid]
                     self._finish(seq)
             started = False

@@ -31,6 +31,7 @@ from pathlib import Path
 from workers.tuning.kernel_choice import MAX_REL_ERROR, PREFILL_ROWS, Measurement, Timing
 from workers.host.cores import WorkerLayout
 from workers.host.machine import machine_id
+from workers.host.publish import publish_json
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +98,7 @@ def calibrate(model_path: str, shapes: Shapes, layout: WorkerLayout, max_batch: 
         merged = [item for r in results for item in (r[part] if part == "timings" else r[part].items())]
         result[part] = tuple(merged) if part == "timings" else dict(merged)
     measurement = Measurement(machine=machine, **result)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(dataclasses.asdict(measurement), indent=1))
+    publish_json(path, dataclasses.asdict(measurement))
     log.info("Kernel timings (ms per layer): %s", ", ".join(
         f"{t.kernel}/{t.phase}/{t.path} {t.ms_per_layer:.2f}" for t in measurement.timings))
     return measurement

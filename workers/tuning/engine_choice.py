@@ -17,7 +17,7 @@ Both are timed in the graph's process; the fp32 one is kept only where it is cle
 VNNI it should not be, and then the memory is not spent. Even then the server loads it only
 where it fits (``twin_fits``).
 
-    timings = measure({"lean": lean_source, "ort": ort_source}, layout, max_batch, cache_dir)
+    timings = measure({"lean": lean_spec, "ort": ort_spec}, layout, max_batch, cache_dir)
     choice = pick(timings)  # choice.engine: "lean" or "ort"
 """
 
@@ -31,27 +31,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from workers.host.cores import WorkerLayout
 from workers.host.machine import machine_id
+from workers.host.publish import publish_json
+from workers.spec import EngineKind, EngineSpec
 from workers.tuning.calibrate import run_pinned
 from workers.tuning.kernel_choice import PREFILL_ROWS, TURN_PROMPT_TOKENS, TURN_REPLY_TOKENS
-from workers.host.cores import WorkerLayout
 
-VERSION = 3  # bump when an engine changes what a step costs
+VERSION = 4  # bump when an engine changes what a step costs (4: prefill paths named as in workers.spec)
 WIDER_PREFILL_GAIN = 0.9  # a prefill path holding a private fp32 copy must take at most this share of
 # the int8 path's time to be kept
 STEPS = 9  # decode steps timed at each batch size (the median counts)
 CONTEXT = 2 * PREFILL_ROWS  # what each sequence holds while its steps are timed
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """An engine as a worker loads it: ``workers.loading.load.load``'s arguments."""
-
-    model_path: str
-    weights: str  # prepared lean weights, or an onnxruntime graph directory
-    dtype: str = "float32"
-    kernel: str | None = None  # the lean decoder's kernel (sets the thread policy it needs)
-    prefill: str | None = None  # the lean kernel's prefill path; for the graph, None: time each of its own
 
 
 @dataclass(frozen=True)
@@ -70,7 +61,7 @@ class EngineTiming:
 
     def summary(self) -> str:
         paths = "" if not self.prefill_ms_by_path else " (" + ", ".join(
-            f"{path} weights {ms:.0f} ms" + (", kept" if path == self.prefill else "")
+            f"{path} {ms:.0f} ms" + (", kept" if path == self.prefill else "")
             for path, ms in self.prefill_ms_by_path.items()) + ")"
         return (f"prefill {PREFILL_ROWS} tokens {self.prefill_ms:.0f} ms{paths}, step {self.step_ms:.1f} ms, "
                 f"batch step {self.batch_step_ms:.1f} ms")
@@ -118,20 +109,20 @@ def twin_fits(twin_bytes: int, available_bytes: int) -> bool:
     return twin_bytes <= available_bytes / 2
 
 
-def measure(candidates: dict[str, Candidate], layout: WorkerLayout, max_batch: int,
+def measure(candidates: dict[str, EngineSpec], layout: WorkerLayout, max_batch: int,
             cache_dir: Path) -> dict[str, EngineTiming]:
     """Every candidate's timing: cached per machine, model, weights, threads and batch size, else
     measured, each in a fresh pinned process (their thread pools must not meet)."""
     key = hashlib.sha256(json.dumps([VERSION, machine_id(layout.threads), max_batch, {
-        name: [dataclasses.asdict(c), _config_of(c.model_path)] for name, c in sorted(candidates.items())
+        name: [c.engine, c.model_path, c.weights, c.dtype, c.kernel, c.prefill, _config_of(c.model_path)]
+        for name, c in sorted(candidates.items())
     }]).encode()).hexdigest()[:16]
     path = cache_dir / "engines" / f"{key}.json"
     if path.is_file():
         return {name: EngineTiming(**t) for name, t in json.loads(path.read_text()).items()}
     timings = {name: run_pinned(layout, time_engine, c, layout.threads, max_batch)
                for name, c in candidates.items()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({name: dataclasses.asdict(t) for name, t in timings.items()}, indent=1))
+    publish_json(path, {name: dataclasses.asdict(t) for name, t in timings.items()})
     return timings
 
 
@@ -140,8 +131,9 @@ def _config_of(model_path: str) -> str:
     return hashlib.sha256(config.read_bytes()).hexdigest()[:12] if config.is_file() else model_path
 
 
-def time_engine(c: Candidate, threads: int, max_batch: int) -> EngineTiming:
-    """Load ``c`` as a worker does (in a process already pinned) and time its steps."""
+def time_engine(c: EngineSpec, threads: int, max_batch: int) -> EngineTiming:
+    """Load ``c`` as a worker does (in a process already pinned) and time its steps; a graph
+    without a prefill path has each of its own timed."""
     from workers.decoders.lean.kernels import set_thread_env
 
     if c.kernel:
@@ -150,12 +142,10 @@ def time_engine(c: Candidate, threads: int, max_batch: int) -> EngineTiming:
 
     from workers.loading.load import load
     from workers.decoders.ort.decoder import PREFILL_PATHS
-    from workers.decoders.ort.graph import is_ort_model
 
     torch.set_num_threads(threads)
-    offered = PREFILL_PATHS if is_ort_model(c.weights) and c.prefill is None else ()  # the graph's, to time each
-    decoder = load(c.model_path, c.dtype, c.weights, offered[-1] if offered else c.prefill, threads).decoder  # the
-    # last path loads them all
+    offered = PREFILL_PATHS if c.engine is EngineKind.ORT and c.prefill is None else ()  # the graph's, to time each
+    decoder = load(c.with_prefill(offered[-1]) if offered else c, threads).decoder  # the last path loads them all
     prompt = torch.randint(10, 1000, (PREFILL_ROWS,), generator=torch.Generator().manual_seed(0))
     total = CONTEXT + 2 * STEPS + 1  # the first sequence takes every step
 

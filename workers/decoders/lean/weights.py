@@ -21,9 +21,7 @@ import hashlib
 import json
 import logging
 import mmap
-import os
 import struct
-import tempfile
 import time
 from pathlib import Path
 
@@ -32,6 +30,7 @@ import torch
 from workers.decoders.lean.kernels import KERNELS, Kernel
 from workers.decoders.lean.linear import dtype_of, pack
 from workers.decoders.lean.model import ModelArgs, UnsupportedModel
+from workers.host.publish import publishing
 
 log = logging.getLogger(__name__)
 
@@ -72,15 +71,8 @@ def prepare(model_path: str, kernel_name: str, cache_dir: Path) -> Path:
     for shard in shards:
         state.update(load_file(shard))
     tensors = _layout(state, args, kernel)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            save_aligned(tensors, f, {"args": json.dumps(dataclasses.asdict(args)), "kernel": kernel.name})
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with publishing(out) as tmp, open(tmp, "wb") as f:
+        save_aligned(tensors, f, {"args": json.dumps(dataclasses.asdict(args)), "kernel": kernel.name})
     log.info("Prepared %s in %.1f s (%.0f MB)", out.name, time.monotonic() - started, out.stat().st_size / 1e6)
     return out
 

@@ -15,7 +15,7 @@ mask's row sums, so sequences of different lengths share a batch: their caches a
 the slots of one ``Arena`` while they decode together (moved once when the batch changes).
 ``forward_mixed`` adds a prompt chunk to a batch's decode step in the same call (the graph's
 "chunk" half: ``workers.decoders.ort.graph``), so the chunk does not pay for a pass over the weights.
-With ``prefill="fp32"`` a prompt of ``PREFILL_FROM_ROWS`` tokens or more runs on the graph's
+With ``prefill="widen-fp32"`` a prompt of ``PREFILL_FROM_ROWS`` tokens or more runs on the graph's
 fp32 twin instead (``workers.decoders.ort.graph.widen``: faster where int8 GEMMs lack VNNI), writing
 the same KV cache; decode steps and short chunks stay on the int8 graph.
 Torch only samples here, on one thread: its pool spinning beside onnxruntime's took a third
@@ -39,7 +39,8 @@ from workers.decoders.lean.kernels import PREFILL_FROM_ROWS
 from workers.decoders.ort.graph import GRAPH, MARKER, PREFILL_GRAPH, attention_window
 from workers.decoders.ort.packed import DIFFERS_EXIT, open_session, session_options
 
-PREFILL_PATHS = ("int8", "fp32")  # what a prompt runs on: the int8 graph, or its fp32 twin as well
+PREFILL_PATHS = ("same", "widen-fp32")  # what a prompt runs on: the int8 graph, or its fp32 twin as well
+# (the vocabulary of workers.spec)
 
 
 class OrtCache:
@@ -130,7 +131,7 @@ class Arena:
 
 class OrtDecoder(Decoder):
     """``forward``/``forward_batch`` over a graph directory made by ``build``. ``prefill``: what
-    prompts of ``PREFILL_FROM_ROWS`` tokens or more run on (``PREFILL_PATHS``); with "fp32" both
+    prompts of ``PREFILL_FROM_ROWS`` tokens or more run on (``PREFILL_PATHS``); with "widen-fp32" both
     graphs are loaded, and ``self.prefill`` may be switched between them (to time each). With
     two threads or more (and ``halves``), ``self.halves`` holds two decoders on the same
     graphs, each on half the threads, for a prompt to prefill beside the others' decode steps
@@ -138,14 +139,16 @@ class OrtDecoder(Decoder):
 
     fuses_chunks = True
 
-    def __init__(self, path: str, threads: int, prefill: str = "int8", halves: bool = True, pack: bool = True) -> None:
+    def __init__(self, path: str, threads: int, prefill: str | None = None, halves: bool = True,
+                 pack: bool = True) -> None:
+        prefill = prefill or PREFILL_PATHS[0]
         if prefill not in PREFILL_PATHS:
             raise ValueError(f"the onnxruntime graph has no prefill path {prefill!r} ({', '.join(PREFILL_PATHS)})")
         torch.set_num_threads(1)  # torch only samples here (see the module)
         self.session = open_session(Path(path) / GRAPH, threads, pack)
-        self.prefill_sessions = {"int8": self.session}
-        if prefill == "fp32":
-            self.prefill_sessions["fp32"] = open_session(Path(path) / PREFILL_GRAPH, threads, pack)
+        self.prefill_sessions = {"same": self.session}
+        if prefill == "widen-fp32":
+            self.prefill_sessions["widen-fp32"] = open_session(Path(path) / PREFILL_GRAPH, threads, pack)
         self.prefill = prefill
         self.halves = None  # (the batch's decoder, a prompt's): see ``Decoder.halves``
         if halves and threads >= 2:  # sessions mapping the same packed weights: ~30-60 MB more each
@@ -316,7 +319,7 @@ def save_packed(graph: str, dest: str) -> None:
         options.add_session_config_entry(entry, value)
     ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
     path = Path(graph)
-    decoder = OrtDecoder(str(path.parent), 1, "fp32" if path.name == PREFILL_GRAPH else "int8", halves=False,
+    decoder = OrtDecoder(str(path.parent), 1, "widen-fp32" if path.name == PREFILL_GRAPH else "same", halves=False,
                          pack=False)
     prompt = torch.arange(3, 3 + PREFILL_FROM_ROWS + 8) % decoder.vocab  # on the prefill path either way
     want = decoder.forward(prompt, decoder.new_cache())

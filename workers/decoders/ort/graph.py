@@ -48,6 +48,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+from workers.host.publish import publishing
+
 log = logging.getLogger("workers")
 
 BUILD_OPTIONS = ("-p", "int8", "-e", "cpu", "--extra_options", "accuracy_level=4", "block_size=32")
@@ -74,9 +76,13 @@ def build(model_path: str, cache_dir: Path) -> Path:
     out = cache_dir / "ort-genai" / f"{Path(model_path).name}-{key}"
     if is_ort_model(str(out)):
         return out
-    building = out.with_name(out.name + ".building")
-    shutil.rmtree(building, ignore_errors=True)
     log.info("Building the onnxruntime graph of %s (int8, once)", model_path)
+    with publishing(out, directory=True) as building:
+        _build_into(building, model_path)
+    return out
+
+
+def _build_into(building: Path, model_path: str) -> None:
     done = subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", model_path,
                            "-o", str(building), "-c", str(building / "hub"), *BUILD_OPTIONS],
                           capture_output=True, text=True, check=False)
@@ -90,8 +96,6 @@ def build(model_path: str, cache_dir: Path) -> Path:
                            "does not serve (as the lean decoder does not)")
     mix(building / "model.onnx", building / GRAPH, spec["decoder"]["head_size"])
     widen(building / GRAPH, building / PREFILL_GRAPH)
-    building.rename(out)
-    return out
 
 
 def prefill_graph_bytes(graph_dir: str) -> int:

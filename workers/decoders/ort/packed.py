@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from workers.host.machine import machine_id
+from workers.host.publish import publishing
 
 DIFFERS, DIFFERS_EXIT = "DIFFERS", 3  # what ``packed`` leaves where onnxruntime's packed copy computes otherwise
 log = logging.getLogger("workers")
@@ -36,8 +35,8 @@ def open_session(graph: Path, threads: int, pack: bool = True):
 def packed(graph: Path) -> Path:
     """``graph`` saved by onnxruntime with its prepacked weights in its data file, once per
     machine (the packing depends on the CPU and the onnxruntime version: ``machine_id``): a
-    directory beside ``graph``, renamed into place when complete, so that workers starting at
-    once neither read a half-written one nor mix two. It is written by a process of its own:
+    directory beside ``graph``, published whole (``workers.host.publish``), so that workers
+    starting at once neither read a half-written one nor mix two. It is written by a process of its own:
     the packing session's memory, freed, would stay in this process's heap (1.2 GB).
 
     Where the saved graph does not compute what ``graph`` does (``save_packed`` checks), the
@@ -51,8 +50,7 @@ def packed(graph: Path) -> Path:
 
 
 def _pack(graph: Path, done: Path) -> None:
-    writing = Path(tempfile.mkdtemp(prefix=done.name + ".", dir=graph.parent))
-    try:
+    with publishing(done, directory=True) as writing:
         ran = subprocess.run([sys.executable, "-c", "import sys; from workers.decoders.ort.decoder import save_packed; "
                               "save_packed(*sys.argv[1:])", str(graph), str(writing / graph.name)],
                              cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True, check=False)
@@ -63,12 +61,6 @@ def _pack(graph: Path, done: Path) -> None:
             (writing / DIFFERS).write_text("the packed graph's logits differed from the graph's\n")
         elif ran.returncode != 0:
             raise RuntimeError(f"onnxruntime could not pack {graph}: {ran.stderr.strip()[-2000:]}")
-        writing.rename(done)  # fails where another process got there first: its copy serves
-    except OSError:
-        if not (done / graph.name).is_file() and not (done / DIFFERS).is_file():
-            raise
-    finally:
-        shutil.rmtree(writing, ignore_errors=True)
 
 
 def session_options(threads: int):

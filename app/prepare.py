@@ -1,0 +1,177 @@
+"""Start-up's slow part: from ``--model`` to the ``EngineSpec`` every worker loads.
+
+Run in a background thread once the server listens (``app.server``), telling ``startup``
+each stage so the page can say what is happening:
+
+    resolve the model (cache, hub, GGUF conversion, or the bundled fallback)
+      → which engines may serve it (``eligible_engines``: the flags and the architecture)
+      → measure the linear kernels on this CPU (once; cached) and pick one
+      → prepare the lean decoder's weights for it (once; cached)
+      → where the onnxruntime graph is eligible too: build it, time both engines in a pinned
+        process, serve on the faster, with the graph's fp32 twin for prompts where it was
+        measured worth its memory and fits
+
+Any step that cannot be had falls back to what serves without it, with a log line.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from app import startup as stages
+from app.config import AppConfig
+from app.startup import Startup
+from workers.decoders.lean.model import ModelArgs, UnsupportedModel
+from workers.host.cores import WorkerLayout
+from workers.loading.resolve import ResolvedModel, resolve_model
+from workers.spec import EngineKind, EngineSpec
+from workers.tuning.calibrate import Shapes, calibrate
+from workers.tuning.kernel_choice import Allowed, KernelChoice, choose
+
+log = logging.getLogger(__name__)
+
+
+def eligible_engines(engine: str, lean_supported: bool, quantize: str, dtype: str, kernel: str,
+                     ) -> tuple[EngineKind, ...]:
+    """The engines start-up may serve on, given the flags and whether the lean decoder knows the
+    architecture: more than one is measured, the first serving where the others cannot be had.
+
+    The graph runs int8 throughout, so it competes only where the flags leave every choice to
+    measurement (``--quantize int8 --dtype auto --kernel auto``); ``--engine ort`` forces it."""
+    if engine == "ort":
+        return (EngineKind.ORT,)
+    if engine == "hf" or not lean_supported:
+        return (EngineKind.HF,)
+    if engine == "auto" and (quantize, dtype, kernel) == ("int8", "auto", "auto"):
+        return (EngineKind.LEAN, EngineKind.ORT)
+    return (EngineKind.LEAN,)
+
+
+def prepare_model(config: AppConfig, layout: WorkerLayout, startup: Startup) -> EngineSpec:
+    """The module's pipeline; ``layout`` is the first worker's (what is measured)."""
+    cache_dir = Path(config.cache_dir).expanduser()
+    startup.step(f"finding {config.model}", stages.RESOLVING)
+    model = resolve_model(config.model, cache_dir, config.hub_timeout_s,
+                          report=lambda what: startup.step(what, stages.FETCHING))
+    startup.model = model
+    log.info("Model: %s — %s", model.name, model.reason)
+    engines = eligible_engines(config.engine, config.engine == "ort" or lean_supported(model.path),
+                               config.quantize, config.dtype, config.kernel)
+    if engines == (EngineKind.ORT,):
+        spec = prepare_ort(model, cache_dir, startup)
+    else:
+        choice = startup.kernels = choose_kernels(config, model.path, layout, EngineKind.LEAN in engines, startup)
+        if engines == (EngineKind.HF,):
+            spec = EngineSpec.hf(model.path, choice.dtype, model.name)
+        else:
+            spec = prepare_lean(model, choice, cache_dir, startup)
+            if EngineKind.ORT in engines:
+                spec = choose_engine(config, spec, model, layout, startup)
+    startup.step("starting the workers", stages.STARTING)
+    return spec
+
+
+def choose_kernels(config: AppConfig, model_path: str, layout: WorkerLayout, lean: bool,
+                   startup: Startup) -> KernelChoice:
+    """Time the candidate kernels on this CPU (once; cached) and pick what the flags allow.
+
+    Without the lean decoder (transformers), only the dense kernels are candidates: the
+    measurement then decides between fp32 and bf16 compute."""
+    from transformers import AutoConfig
+
+    startup.step("measuring which kernels are fastest on this CPU (once per CPU and model shape)",
+                 stages.MEASURING)
+    try:
+        shapes = Shapes.from_hf_config(AutoConfig.from_pretrained(model_path))
+    except (AttributeError, TypeError) as exc:  # a config without the usual decoder fields
+        log.warning("Cannot read the layer shapes of %s (%s); computing in float32.", model_path, exc)
+        return KernelChoice("fp32", "same", "float32", 0.0, "layer shapes unknown")
+    allowed = Allowed(int8=lean and config.quantize == "int8", dtype=config.dtype,
+                      kernel=config.kernel if lean else "auto")
+    candidates = None if lean else ("fp32", "bf16")
+    try:
+        measured = calibrate(model_path, shapes, layout, config.max_batch, Path(config.cache_dir).expanduser(),
+                             candidates)
+    except RuntimeError as exc:  # the measurement itself broke: serve anyway, on the kernel exact everywhere
+        log.warning("Could not measure the kernels (%s); computing in float32.", exc)
+        return KernelChoice("fp32", "same", "float32", 0.0, f"measurement failed: {exc}")
+    choice = choose(measured, allowed)
+    log.info("Kernels: %s. Measured in %.1f s on %s%s.", choice.summary(), measured.seconds, measured.machine,
+             "" if lean else " (transformers engine: dense fp32 or bf16 only)")
+    return choice
+
+
+def prepare_lean(model: ResolvedModel, choice: KernelChoice, cache_dir: Path, startup: Startup) -> EngineSpec:
+    """The model's weights laid out for the chosen kernel, in one file every worker maps (once)."""
+    from workers.decoders.lean.weights import prepare
+
+    startup.step(f"preparing the weights of {model.name} for {choice.decode}", stages.PREPARING)
+    weights = prepare(model.path, choice.decode, cache_dir)
+    return EngineSpec.lean(model.path, str(weights), choice.decode, choice.prefill, choice.dtype, model.name,
+                           choice.summary())
+
+
+def prepare_ort(model: ResolvedModel, cache_dir: Path, startup: Startup) -> EngineSpec:
+    """The model built once as one onnxruntime graph (``workers.decoders.ort``)."""
+    from workers.decoders.ort.graph import build
+
+    summary = "onnxruntime graph: int8 MatMulNBits, blocks of 32"
+    startup.step(f"building the onnxruntime graph of {model.name} (int8, once)", stages.PREPARING)
+    graph = build(model.path, cache_dir)
+    log.info("onnxruntime graph: %s (%s).", summary, graph)
+    return EngineSpec.ort(model.path, str(graph), model_name=model.name, summary=summary)
+
+
+def choose_engine(config: AppConfig, lean: EngineSpec, model: ResolvedModel, layout: WorkerLayout,
+                  startup: Startup) -> EngineSpec:
+    """The lean decoder or the onnxruntime graph, whichever serves a typical turn faster here
+    (``workers.tuning.engine_choice``: measured once per machine and model, cached). If the
+    graph cannot be built or measured (its model builder lacks the architecture), the lean
+    decoder serves, as it would without it. The graph's fp32 twin for prompts is loaded where
+    it was measured worth it and fits in memory (``serving_prefill``)."""
+    from workers.tuning import engine_choice
+
+    cache_dir = Path(config.cache_dir).expanduser()
+    try:
+        ort = prepare_ort(model, cache_dir, startup)
+        startup.step("measuring which engine is fastest on this CPU (once per CPU and model)", stages.MEASURING)
+        timings = engine_choice.measure({"lean": lean, "ort": ort}, layout, config.max_batch, cache_dir)
+    except RuntimeError as exc:
+        log.warning("The onnxruntime graph is not a candidate (%s); serving on the lean decoder.", exc)
+        return lean
+    choice = startup.engine = engine_choice.pick(timings)
+    log.info("Engines measured: %s; serving on %s.",
+             "; ".join(f"{name}: {t.summary()}" for name, t in timings.items()), choice.engine)
+    chosen = lean if choice.engine == "lean" else serving_prefill(ort, timings["ort"].prefill)
+    return chosen.with_prefill(chosen.prefill, f"; engine measured fastest: {timings[choice.engine].summary()}")
+
+
+def serving_prefill(ort: EngineSpec, measured: str) -> EngineSpec:
+    """The graph with the prefill path measured worth its memory (``engine_choice.pick_prefill``),
+    its fp32 twin only where one copy, mapped by every worker, fits (``engine_choice.twin_fits``)."""
+    from workers.decoders.ort.graph import prefill_graph_bytes
+    from workers.host.memory import available_bytes
+    from workers.tuning.engine_choice import twin_fits
+
+    if measured != "widen-fp32":
+        return ort.with_prefill(measured)
+    twin, available = prefill_graph_bytes(ort.weights), available_bytes()
+    if twin_fits(twin, available):
+        return ort.with_prefill(measured, "; prompts on an fp32 copy of the weights (one, mapped by every worker)")
+    why = (f"the faster fp32 copy ({twin / 2**30:.1f} GiB) would not fit in half the "
+           f"{available / 2**30:.1f} GiB available")
+    log.warning("The graph prefills on its int8 weights: %s.", why)
+    return ort.with_prefill("same", f"; prompts on int8: {why}")
+
+
+def lean_supported(model_path: str) -> bool:
+    """Whether the lean decoder implements this architecture; else transformers serves it (slower)."""
+    from transformers import AutoConfig
+
+    try:
+        ModelArgs.from_hf_config(AutoConfig.from_pretrained(model_path))
+    except UnsupportedModel as exc:
+        log.warning("The lean decoder does not support this model (%s); using transformers, without int8.", exc)
+        return False
+    return True

@@ -1,0 +1,32 @@
+"""Which engines start-up may serve on, from the flags and the architecture (``app.prepare``)."""
+
+import pytest
+
+from app.prepare import eligible_engines
+from workers.spec import EngineKind
+
+pytestmark = pytest.mark.unit
+
+LEAN, ORT, HF = EngineKind.LEAN, EngineKind.ORT, EngineKind.HF
+
+
+def test_by_default_the_lean_decoder_and_the_graph_are_measured_against_each_other():
+    assert eligible_engines("auto", True, "int8", "auto", "auto") == (LEAN, ORT)
+
+
+@pytest.mark.parametrize("quantize, dtype, kernel", [("none", "auto", "auto"), ("int8", "bfloat16", "auto"),
+                                                     ("int8", "auto", "fp16-fbgemm")])
+def test_a_flag_that_restricts_the_kernels_leaves_the_graph_out(quantize, dtype, kernel):
+    """The graph runs int8 throughout: it competes only where every choice is left to measurement."""
+    assert eligible_engines("auto", True, quantize, dtype, kernel) == (LEAN,)
+
+
+def test_an_architecture_the_lean_decoder_lacks_runs_on_transformers():
+    assert eligible_engines("auto", False, "int8", "auto", "auto") == (HF,)
+    assert eligible_engines("lean", False, "int8", "auto", "auto") == (HF,)
+
+
+def test_a_forced_engine_is_the_only_one():
+    assert eligible_engines("ort", False, "none", "float32", "fp32") == (ORT,)
+    assert eligible_engines("hf", True, "int8", "auto", "auto") == (HF,)
+    assert eligible_engines("lean", True, "int8", "auto", "auto") == (LEAN,)
