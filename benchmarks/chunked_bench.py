@@ -1,6 +1,6 @@
 """Chunked prefill alone: ``python -m benchmarks.chunked_bench`` (about 12 minutes on 2 cores).
 
-While a 1,000-token prompt prefills in a worker's own batch loop (``workers.process.Batch``),
+While a 1,000-token prompt prefills in a worker's own batch loop (``workers.scheduler.batch.Batch``),
 how long another reply in that worker waits between its tokens, and how long the prompt
 takes in chunks and in one piece: the results table's chunked-prefill measure
 (``engine_bench.Decoding.chunked_prefill``), run alone so that a change to the chunking can

@@ -148,11 +148,17 @@ class Engine:
             generator=torch.Generator().manual_seed(params.seed) if params.seed is not None else None,
         )
         self.conversations.commit(seq.kv_bytes)
-        seq.cache, seq.cached = self.conversations.lookup(scope, session_id, seq.prompt_ids, len(prompt_ids) + budget)
+        try:
+            seq.cache, seq.cached = self.conversations.lookup(scope, session_id, seq.prompt_ids,
+                                                              len(prompt_ids) + budget)
+            if seq.budget > 0:
+                seq.cache.reserve(len(prompt_ids) + budget)  # now, never by copying between prefill chunks or steps
+        except BaseException:  # e.g. out of memory: nothing of it stays committed
+            self.conversations.release(seq.kv_bytes)
+            raise
         if seq.budget == 0:
             seq.reason = FinishReason.LENGTH
         else:
-            seq.cache.reserve(len(prompt_ids) + budget)  # now, never by copying between prefill chunks or steps
             seq.pending = list(prompt_ids[seq.cached :])
         return seq
 

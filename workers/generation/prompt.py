@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import re
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,8 +25,21 @@ class Prompt:
     dropped_turns: int  # oldest user/assistant messages left out to fit the context
 
 
-_SENTINEL = "\x1e{}\x1e"  # record separator: never produced by a template itself
-_SENTINEL_RE = re.compile("(\x1e\\d+\x1e)")
+PLACEHOLDER = "cpuchat{nonce}m{index}x"  # a message's content while the template renders
+
+
+def placeholders(count: int) -> tuple[list[str], re.Pattern]:
+    """A placeholder per message, and the pattern that finds them again in the rendered text
+    (its one group: the message's index).
+
+    Letters and digits only, with a fresh nonce per render: a template may ``trim`` a
+    message's content (Llama 3's and Gemma's do), change its case, or escape it, and the
+    placeholder must come through whole all the same (a whitespace-like separator was
+    trimmed away with the message it stood for); the nonce keeps it from matching anything
+    a template writes itself. Matched without regard to case."""
+    nonce = secrets.token_hex(4)
+    marks = [PLACEHOLDER.format(nonce=nonce, index=i) for i in range(count)]
+    return marks, re.compile(f"cpuchat{nonce}m(\\d+)x", re.IGNORECASE)
 
 
 def content_ids(tokenizer, message: ChatMessage) -> list[int]:
@@ -47,17 +61,16 @@ def encode_chat(tokenizer, messages: list[ChatMessage], enable_thinking: bool | 
     special tokens are real) and each content (where they are not, by ``contents``: default
     ``content_ids``) separately.
     """
-    placeholders = [{"role": m.role, "content": _SENTINEL.format(i)} for i, m in enumerate(messages)]
+    marks, found = placeholders(len(messages))
+    standins = [{"role": m.role, "content": mark} for m, mark in zip(messages, marks, strict=True)]
     switch = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
-    rendered = tokenizer.apply_chat_template(placeholders, tokenize=False, add_generation_prompt=True, **switch)
+    rendered = tokenizer.apply_chat_template(standins, tokenize=False, add_generation_prompt=True, **switch)
     ids: list[int] = []
-    for piece in _SENTINEL_RE.split(rendered):
-        if not piece:
-            continue
-        if _SENTINEL_RE.fullmatch(piece):
-            message = messages[int(piece.strip("\x1e"))]
+    for i, piece in enumerate(found.split(rendered)):  # the template's text, an index, text, ...
+        if i % 2:
+            message = messages[int(piece)]
             ids += contents(message) if contents else content_ids(tokenizer, message)
-        else:
+        elif piece:
             ids += tokenizer(piece, add_special_tokens=False).input_ids
     return ids
 

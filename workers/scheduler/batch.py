@@ -188,8 +188,12 @@ class Batch:
                     break
                 del self.waiting[rid]
                 req, started = admitted.request, True
-                self.active[rid] = self.engine.begin(admitted.prompt_ids, req.params, req.scope, req.session_id,
-                                                     key=rid)
+                try:
+                    self.active[rid] = self.engine.begin(admitted.prompt_ids, req.params, req.scope,
+                                                         req.session_id, key=rid)
+                except Exception as exc:  # noqa: BLE001 - this request fails; the others go on
+                    log.exception("starting request %s failed", rid)
+                    self.conn.send(self.failed(rid, exc))
             if not started:
                 return
 

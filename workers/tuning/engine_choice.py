@@ -11,7 +11,7 @@ decode step alone, and one for a full batch. ``pick`` weighs them as ``workers.t
 weighs kernels: a typical turn, half its reply decoded alone and half in a full batch.
 
 The graph has two ways to prefill (``workers.decoders.ort.decoder.PREFILL_PATHS``): on its int8
-weights, or on an fp32 twin (1.2 GB more on Qwen1.5-0.5B, mapped by every worker from one packed file).
+weights, or on an fp32 twin (~1.4 GB more on Qwen1.5-0.5B, mapped by every worker from one packed file).
 Both are timed in the graph's process; the fp32 one is kept only where it is clearly faster
 (``WIDER_PREFILL_GAIN``): on a Zen 3 it was (0.67x at 512 tokens), and where int8 GEMMs have
 VNNI it should not be, and then the memory is not spent. Even then the server loads it only

@@ -58,7 +58,7 @@ class OrtCache:
         self.kv = self.room[:, :, 0:1]
         self.arena: Arena | None = None
         self.slot = 0
-        self.held = False  # being written by a thread of its own (workers.process.PromptApart): never moved
+        self.held = False  # being written by a thread of its own (workers.scheduler.prefill.PromptApart): never moved
 
     @property
     def length(self) -> int:
