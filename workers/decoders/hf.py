@@ -34,7 +34,7 @@ class HFCache:
         return copy
 
     @property
-    def resident_tokens(self) -> int:  # it grows as it is written
+    def resident_tokens(self) -> int:  # it grows as it is written, and crop frees what it drops
         return self.length
 
 

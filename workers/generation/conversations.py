@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from workers.decoders.base import KVCache
+
 TAKE_SLACK = 8  # a kept cache at most this far past the matched prefix is taken, not copied (a reply re-tokenized)
 
 
@@ -32,7 +34,7 @@ class Kept:
     scope: str
     session_id: str | None
     ids: list[int]  # token ids whose keys/values are in ``cache``
-    cache: object  # the decoder's cache: .length, .resident_tokens, .truncate(n), .copy_prefix(n)
+    cache: KVCache
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -108,8 +110,9 @@ class Conversations:
 
     def keep(self, scope: str, session_id: str | None, ids: list[int], cache) -> None:
         """Keep a finished turn's cache (most recently used), within what the budget leaves over;
-        a turn without a scope (the warm-up, a test) is nobody's to continue."""
-        if not scope:
+        a turn without a scope (the warm-up, a test) is nobody's to continue, nor one that holds
+        no token (cancelled before its prompt prefilled)."""
+        if not scope or not ids:
             return
         self.kept.append(Kept(scope, session_id, ids, cache))
         self._evict()

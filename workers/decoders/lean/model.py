@@ -138,6 +138,7 @@ class KVCache:
 
     def __init__(self, args: ModelArgs, dtype: torch.dtype, capacity: int = 256) -> None:
         self.args, self.dtype, self.length = args, dtype, 0
+        self.touched = 0  # the most tokens ever written since the buffers were allocated
         shape = (args.n_layers, args.n_kv_heads, capacity, args.head_dim)
         self.k = torch.empty(shape, dtype=dtype)  # only [:length] is ever read
         self.v = torch.empty(shape, dtype=dtype)
@@ -155,6 +156,7 @@ class KVCache:
             new = torch.empty(old.shape[0], old.shape[1], capacity, old.shape[3], dtype=self.dtype)
             new[:, :, : self.length] = old[:, :, : self.length]
             setattr(self, name, new)
+        self.touched = self.length
 
     def truncate(self, length: int) -> None:
         """Forget everything after ``length`` tokens (positions are simply overwritten later)."""
@@ -166,13 +168,14 @@ class KVCache:
         copy = KVCache(self.args, self.dtype, capacity=max(length, capacity, 1))
         copy.k[:, :, :length] = self.k[:, :, :length]
         copy.v[:, :, :length] = self.v[:, :, :length]
-        copy.length = length
+        copy.length = copy.touched = length
         return copy
 
     @property
     def resident_tokens(self) -> int:
-        """Tokens' worth of memory it holds: pages past ``length`` were never touched."""
-        return self.length
+        """Tokens' worth of memory it holds: the pages written, also past a truncated ``length``
+        (pages past the most ever written were never touched)."""
+        return self.touched
 
 
 class Transformer(Decoder):
@@ -295,6 +298,7 @@ class Transformer(Decoder):
             x = x + layer.down(F.silu(gate) * up, prompt)
         for cache, n in zip(caches, counts, strict=True):
             cache.length += n
+            cache.touched = max(cache.touched, cache.length)
         if not logits_of:
             return None
         x = self._norm(x[0, [ends[b] - 1 for b in logits_of]], self.norm)  # [R, E]

@@ -58,6 +58,7 @@ class OrtCache:
         self.kv = self.room[:, :, 0:1]
         self.arena: Arena | None = None
         self.slot = 0
+        self.touched = 0  # the most tokens ever written into ``kv`` (its pages are resident)
         self.held = False  # being written by a thread of its own (workers.scheduler.prefill.PromptApart): never moved
 
     @property
@@ -70,7 +71,8 @@ class OrtCache:
 
     @property
     def resident_tokens(self) -> int:
-        return self.length
+        """Tokens' worth of memory it holds: the pages written, also past a truncated ``length``."""
+        return self.touched
 
     def reserve(self, total: int) -> None:
         if total > self.capacity:
@@ -85,6 +87,7 @@ class OrtCache:
         copy = OrtCache(self.decoder, max(length, capacity, 1))
         copy.kv[..., :length, :] = self.kv[..., :length, :]
         copy.ids = self.ids[:length]
+        copy.touched = length
         return copy
 
     def move_to(self, kv: np.ndarray, slot: int, arena: Arena | None = None) -> None:
@@ -93,6 +96,7 @@ class OrtCache:
         dest = kv[:, :, slot : slot + 1]
         if dest.ctypes.data != self.kv.ctypes.data:
             dest[..., : self.length, :] = self.kv[..., : self.length, :]
+            self.touched = self.length  # what it holds in its new place
         self.kv, self.arena, self.slot = dest, arena, slot
         self.room = kv if arena is None else None
 
@@ -302,6 +306,8 @@ class OrtDecoder(Decoder):
         for cache, token in zip(row_caches, row_tokens, strict=True):
             cache.ids.append(token)
         chunk.ids.extend(chunk_tokens)
+        for cache in (*row_caches, chunk):
+            cache.touched = max(cache.touched, cache.length)
         return torch.from_numpy(out[0])
 
 
