@@ -5,7 +5,6 @@ import pytest
 from app.prepare import eligible_engines
 from workers.spec import EngineKind
 
-pytestmark = pytest.mark.unit
 
 LEAN, ORT, HF = EngineKind.LEAN, EngineKind.ORT, EngineKind.HF
 

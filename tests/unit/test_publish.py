@@ -4,8 +4,6 @@ import pytest
 
 from workers.host.publish import publish_json, publishing
 
-pytestmark = pytest.mark.unit
-
 
 def test_a_build_that_fails_leaves_nothing_behind(tmp_path):
     final = tmp_path / "cache" / "model.weights"
