@@ -6,7 +6,7 @@ import pytest
 from tests.test_prompt_apart import Outbox
 from workers.generation.engine import Engine
 from workers.loading.load import load
-from workers.protocol import ChatMessage, Done, EngineConfig, Failed, Generate, SamplingParams
+from workers.protocol import ChatMessage, Done, EngineConfig, ErrorCode, Failed, Generate, SamplingParams
 from workers.scheduler.batch import Batch
 from workers.spec import EngineSpec
 
@@ -39,5 +39,20 @@ def test_a_request_whose_start_fails_is_told_and_its_memory_returned(engine, mon
     while batch.busy:
         batch.step()
     assert [type(m) for rid in "abc" for m in finals(outbox, rid)] == [Done, Failed, Done]
-    assert "MemoryError: no room for its cache" in finals(outbox, "b")[0].message
+    said = finals(outbox, "b")[0].message
+    assert "MemoryError" in said and "no room for its cache" not in said  # the kind, not the text (the log's)
     assert engine.conversations.committed == 0  # nothing of b's stays committed
+
+
+def test_a_conversation_the_template_refuses_is_an_invalid_request_that_says_why(engine, monkeypatch):
+    """Templates check conversations themselves (Llama 2's and Mistral's: "roles must alternate");
+    the client hears the template's words as a bad request, not an internal error."""
+    monkeypatch.setattr(engine.tokenizer, "chat_template",
+                        "{% if messages[0]['role'] == 'assistant' %}{{ raise_exception('Conversation roles must "
+                        "alternate user/assistant/user/assistant/...') }}{% endif %}{{ messages[0]['content'] }}")
+    outbox = Outbox()
+    batch = Batch(engine, outbox, 0)
+    batch.admit(Generate("a", (ChatMessage("assistant", "hi"), ChatMessage("user", "hi")), SHORT))
+    [refused] = finals(outbox, "a")
+    assert isinstance(refused, Failed) and refused.code is ErrorCode.INVALID_REQUEST
+    assert "roles must alternate" in refused.message and engine.conversations.committed == 0

@@ -12,7 +12,9 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from workers.errors import PromptTooLong
+from jinja2 import TemplateError
+
+from workers.errors import InvalidInput, PromptTooLong
 from workers.protocol import ChatMessage
 
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>")
@@ -64,7 +66,10 @@ def encode_chat(tokenizer, messages: list[ChatMessage], enable_thinking: bool | 
     marks, found = placeholders(len(messages))
     standins = [{"role": m.role, "content": mark} for m, mark in zip(messages, marks, strict=True)]
     switch = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
-    rendered = tokenizer.apply_chat_template(standins, tokenize=False, add_generation_prompt=True, **switch)
+    try:
+        rendered = tokenizer.apply_chat_template(standins, tokenize=False, add_generation_prompt=True, **switch)
+    except TemplateError as exc:  # the template's own raise_exception ("roles must alternate", ...)
+        raise InvalidInput(f"The model's chat template refused this conversation: {exc}") from exc
     ids: list[int] = []
     for i, piece in enumerate(found.split(rendered)):  # the template's text, an index, text, ...
         if i % 2:

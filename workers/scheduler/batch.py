@@ -18,7 +18,7 @@ import logging
 from collections import deque
 from dataclasses import dataclass
 
-from workers.errors import PromptTooLong
+from workers.errors import RequestError
 from workers.generation.engine import Engine, Sequence, Step
 from workers.protocol import Cancel, Chunk, Done, ErrorCode, Failed, FinishReason, Generate, Metrics, Notice, Shutdown
 from workers.scheduler.prefill import PrefillStrategy, PromptApart, Stopped, strategy_for
@@ -52,8 +52,10 @@ class Batch:
         return bool(self.active or self.arrived)
 
     def failed(self, rid: str, exc: Exception, what: str = "Generation failed") -> Failed:
-        """The message a request gets when the worker failed it (the log has the traceback)."""
-        return Failed(rid, f"{what} on worker {self.worker_id}: {type(exc).__name__}: {exc}")
+        """The message a request gets when the worker failed it: the kind of failure, not its
+        text, which may hold local paths or another request's data (the log has it all)."""
+        return Failed(rid, f"{what} on worker {self.worker_id} ({type(exc).__name__}); the server's log "
+                           "has the details.")
 
     # admission --------------------------------------------------------------------------
 
@@ -79,7 +81,7 @@ class Batch:
         rid = req.request_id
         try:
             prompt = self.engine.prompt(list(req.messages), req.params.max_new_tokens, req.params.enable_thinking)
-        except PromptTooLong as exc:
+        except RequestError as exc:  # too long, or refused by the model's chat template: the message says why
             self.conn.send(Failed(rid, str(exc), ErrorCode.INVALID_REQUEST))
             return
         need, budget = self.engine.kv_need(prompt.ids, req.params), self.engine.conversations.budget_bytes
