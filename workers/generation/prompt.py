@@ -45,8 +45,25 @@ def placeholders(count: int) -> tuple[list[str], re.Pattern]:
 
 
 def content_ids(tokenizer, message: ChatMessage) -> list[int]:
-    """A message's text as plain tokens: special tokens in it stay characters."""
-    return tokenizer(message.content, add_special_tokens=False, split_special_tokens=True).input_ids
+    """A message's text as plain tokens: special tokens in it stay characters, and so do the
+    tokenizer's other added tokens (Qwen's ``<think>`` and ``<tool_call>`` are not "special",
+    so ``split_special_tokens`` leaves them whole: a user could open a tool call or a thought
+    the model would take for its own). Each such string is tokenized in two pieces."""
+    text, ids = message.content, []
+    added = _added_pattern(tokenizer)
+    for i, piece in enumerate(added.split(text) if added else [text]):
+        pieces = (piece[:1], piece[1:]) if i % 2 else (piece,)  # odd: an added token's text, split
+        for part in pieces:
+            if part:
+                ids += tokenizer(part, add_special_tokens=False, split_special_tokens=True).input_ids
+    return ids
+
+
+def _added_pattern(tokenizer) -> re.Pattern | None:
+    """The non-special added tokens' strings, as one pattern with one group (None: there are none)."""
+    words = sorted((t.content for t in tokenizer.added_tokens_decoder.values() if not t.special and len(t.content) > 1),
+                   key=len, reverse=True)
+    return re.compile("(" + "|".join(map(re.escape, words)) + ")") if words else None
 
 
 def encode_chat(tokenizer, messages: list[ChatMessage], enable_thinking: bool | None = None,
