@@ -9,6 +9,9 @@ header, which the browser sets from the same preference:
     lang = language(request.headers.get("accept-language"))   # "zh" or "en"
     text(lang, "wait_busy", position=2)   # "所有 worker 都在忙 — 您排在第 2 位。"
     localize(lang, failed.message)        # a worker's or the dispatcher's message, translated
+    localize(lang, startup.stage)         # and start-up's stages, reasons and choices
+
+Unknown English is shown as it is: a new message reads in English until it is added here.
 
 The API's messages stay English: they are read by programs and searched for in logs.
 """
@@ -35,19 +38,27 @@ EN = {
     "max_new_tokens": "Max new tokens",
     "thinking": "Thinking (Qwen3 and other reasoning models)",
     "thinking_info": "Off: the model answers at once, without reasoning first",
+    "workers_speed": "Workers and speed",
     "speed": "Speed over the last 5 minutes",
     "tps_plot": "Decode tokens/s per worker",
     "ttft_plot": "Time to first token (s) per worker",
     # written by the server
     "ready_all": "✔ **{ready}/{total} workers ready**",
     "start_failed": "✖ **0/{total} workers ready** — start-up failed: {error}",
-    "preparing": "◐ **0/{total} workers ready** — preparing the model: {stage} …{bar}",
+    "preparing": "◐ **0/{total} workers ready** — preparing the model: {stage}",
     "partly_ready": "◐ **{ready}/{total} workers ready** — {what}",
     "loading_n": "{n} loading the model and warming up",
     "restarting_n": "{n} restarting after a crash",
     "waiting_n": "{n} waiting",
-    "kernels": "Kernels: {summary}",
-    "engine": "Engine: {summary}",
+    "model_line": "Model: **{name}** — {reason}",
+    "kernels": "Kernels: decode {decode}{speed}, prefill {prefill} ({why})",
+    "kernel_speed": " at {gbps:.0f} GB/s",
+    "engine": "Engine: {name}, measured faster here",
+    "engine_lean": "the lean decoder", "engine_ort": "the onnxruntime graph",
+    "engine_table": "| engine | prefill of {rows} tokens | a decode step | a step of the full batch |",
+    "ms0": "{ms:.0f} ms", "ms1": "{ms:.1f} ms",
+    "paths": " ({each})", "path_ms": "{path}: {ms:.0f} ms", "list_sep": "; ", "kept": ", kept",
+    "path_int8": "int8 weights", "path_fp32": "an fp32 copy",
     "private_mb": " · {mb} MB of packed weights per worker",
     "table": "| worker | node | pid | cores | threads | state | replies now | tok/s now | last tok/s | served | restarts |",
     "state_starting": "starting", "state_idle": "idle", "state_busy": "busy", "state_dead": "dead",
@@ -61,10 +72,10 @@ EN = {
     "where": "worker {id}",
     "where_cores": "worker {id} (cores {cores})",
     "length": "stopped at the token limit",
-    "banner_failed": "### ⚠️ The model could not be prepared\n{error}",
-    "banner_preparing": "### Preparing the model …\n{stage}.",
-    "banner_serving": "### Serving **{name}**\n{reason}.",
-    "banner_fallback": "### ⚠️ Serving **{name}**\n{reason}.",
+    "banner_failed": "⚠️ **The model could not be prepared:** {error}",
+    "banner_preparing": "◐ **Preparing the model** — {stage}",
+    "banner_serving": "Serving **{name}**",
+    "banner_fallback": "⚠️ Serving **{name}**, the offline fallback — {why}",
     "thought": "Thinking",
     "thinking_now": "Thinking …",
     "thought_stopped": "Thinking (stopped)",
@@ -82,18 +93,26 @@ ZH = {
     "max_new_tokens": "最多生成的 token 数",
     "thinking": "思考模式（Qwen3 等推理模型）",
     "thinking_info": "关闭后模型直接回答，不先推理",
+    "workers_speed": "Worker 与速度",
     "speed": "最近 5 分钟的速度",
     "tps_plot": "各 worker 的解码速度（tokens/s）",
     "ttft_plot": "各 worker 的首 token 延迟（秒）",
     "ready_all": "✔ **{ready}/{total} 个 worker 已就绪**",
     "start_failed": "✖ **0/{total} 个 worker 已就绪** — 启动失败：{error}",
-    "preparing": "◐ **0/{total} 个 worker 已就绪** — 正在准备模型：{stage} …{bar}",
+    "preparing": "◐ **0/{total} 个 worker 已就绪** — 正在准备模型：{stage}",
     "partly_ready": "◐ **{ready}/{total} 个 worker 已就绪** — {what}",
     "loading_n": "{n} 个正在加载模型并预热",
     "restarting_n": "{n} 个崩溃后正在重启",
     "waiting_n": "{n} 个请求排队中",
-    "kernels": "计算内核：{summary}",
-    "engine": "推理引擎：{summary}",
+    "model_line": "模型：**{name}** — {reason}",
+    "kernels": "计算内核：解码 {decode}{speed}，预填充 {prefill}（{why}）",
+    "kernel_speed": "（{gbps:.0f} GB/s）",
+    "engine": "推理引擎：{name}，在本机实测更快",
+    "engine_lean": "精简解码器", "engine_ort": "onnxruntime 计算图",
+    "engine_table": "| 引擎 | 预填充 {rows} 个 token | 单个解码步 | 满批次的一步 |",
+    "ms0": "{ms:.0f} 毫秒", "ms1": "{ms:.1f} 毫秒",
+    "paths": "（{each}）", "path_ms": "{path}：{ms:.0f} 毫秒", "list_sep": "；", "kept": "，采用",
+    "path_int8": "int8 权重", "path_fp32": "fp32 副本",
     "private_mb": " · 每个 worker 私有打包权重 {mb} MB",
     "table": "| worker | 节点 | pid | 核心 | 线程 | 状态 | 当前回复 | 当前 tok/s | 上次 tok/s | 已完成 | 重启次数 |",
     "state_starting": "启动中", "state_idle": "空闲", "state_busy": "忙碌", "state_dead": "已退出",
@@ -106,10 +125,10 @@ ZH = {
     "where": "worker {id}",
     "where_cores": "worker {id}（核心 {cores}）",
     "length": "达到 token 上限而停止",
-    "banner_failed": "### ⚠️ 模型未能准备好\n{error}",
-    "banner_preparing": "### 正在准备模型 …\n{stage}。",
-    "banner_serving": "### 正在服务 **{name}**\n{reason}。",
-    "banner_fallback": "### ⚠️ 正在服务 **{name}**\n{reason}。",
+    "banner_failed": "⚠️ **模型未能准备好**：{error}",
+    "banner_preparing": "◐ **正在准备模型** — {stage}",
+    "banner_serving": "正在服务 **{name}**",
+    "banner_fallback": "⚠️ 正在服务离线备用模型 **{name}** — {why}",
     "thought": "思考过程",
     "thinking_now": "思考中 …",
     "thought_stopped": "思考过程（已停止）",
@@ -145,7 +164,36 @@ MESSAGES_ZH = [
      "此回复需要 {0} MB 的 KV 缓存内存（{1} 个 token 的提示词，最多 {2} 个新 token），超过了每个 worker 的 {3} MB"
      "（kv_cache_mb）。请缩短对话或减少新 token 数。"),
 ]
-_MESSAGES_ZH = [(re.compile(pattern, re.DOTALL), template) for pattern, template in MESSAGES_ZH]
+# What start-up writes (app.prepare, workers.loading.resolve, workers.tuning): its stages, why
+# this model serves, why these kernels; the page's "Workers and speed" section and banner show them.
+STARTUP_ZH = [
+    (r"Starting", "正在启动"),
+    (r"finding (.+)", "正在查找 {0}"),
+    (r"downloading (.+) from ModelScope \(once; progress in the log\)", "正在从 ModelScope 下载 {0}（仅一次；进度见日志）"),
+    (r"converting (.+) GGUF to safetensors \(once; later starts reuse it\)",
+     "正在把 {0} 从 GGUF 转换为 safetensors（仅一次，之后的启动会复用）"),
+    (r"measuring which kernels are fastest on this CPU \(once per CPU and model shape\)",
+     "正在测量本机 CPU 上最快的计算内核（每种 CPU 和模型形状仅一次）"),
+    (r"measuring which engine is fastest on this CPU \(once per CPU and model\)",
+     "正在测量本机 CPU 上最快的推理引擎（每种 CPU 和模型仅一次）"),
+    (r"preparing the weights of (.+) for (\S+)", "正在为 {1} 准备 {0} 的权重"),
+    (r"building the onnxruntime graph of (.+) \(int8, once\)", "正在构建 {0} 的 onnxruntime 计算图（int8，仅一次）"),
+    (r"starting the workers", "正在启动 worker"),
+    (r"(\d+) worker\(s\) loading (.+)", "{0} 个 worker 正在加载 {1}"),
+    (r"asked for with --model bundled", "由 --model bundled 指定"),
+    (r"(\S+) is not cached and the hub \((.+)\) cannot be reached", "{0} 未缓存，且无法连接模型库（{1}）"),
+    (r"downloading (\S+) failed \((.*)\)", "下载 {0} 失败（{1}）"),
+    (r"(\S+) from the local ModelScope cache", "{0}，来自本地 ModelScope 缓存"),
+    (r"(\S+) downloaded from ModelScope", "{0}，从 ModelScope 下载"),
+    (r"GGUF file (.+)", "GGUF 文件 {0}"),
+    (r"local directory (.+)", "本地目录 {0}"),
+    (r"measured fastest", "实测最快"),
+    (r"forced with --kernel", "由 --kernel 指定"),
+    (r"the only allowed kernel", "唯一允许的内核"),
+    (r"layer shapes unknown", "层形状未知"),
+    (r"measurement failed: (.*)", "测量失败：{0}"),
+]
+_MESSAGES_ZH = [(re.compile(pattern, re.DOTALL), template) for pattern, template in MESSAGES_ZH + STARTUP_ZH]
 
 
 def language(accept_language: str | None) -> str:
@@ -170,6 +218,10 @@ def request_language(request: gr.Request | None) -> str:
 
 def text(lang: str, key: str, **values) -> str:
     return TABLES.get(lang, EN)[key].format(**values)
+
+
+def has_text(key: str) -> bool:
+    return key in EN
 
 
 def localize(lang: str, message: str) -> str:

@@ -1,5 +1,12 @@
 """What the server writes on the page, in the reader's language (see ``app.i18n``): the
-banner (which model, and why), the worker panel, the place in line and the stats footer.
+one-line banner above the chat, the "Workers and speed" section below it, the place in line
+and the stats footer.
+
+The banner is all a newcomer sees before the chat, so it is one line: which model serves
+(and, for the bundled offline one, why), and while start-up runs or has failed, that too —
+the section with the details is closed by default. Every line of that section is built
+here from fields, not from the English ``summary()`` of the kernel and engine choices, so a
+Chinese page shows no English line.
 
 None of it is the model's words: the page marks each with a prefix that ``app.ui.model_words``
 strips again before a history goes back into a prompt.
@@ -9,15 +16,20 @@ from __future__ import annotations
 
 from app.dispatch_policy import WorkerState
 from app.dispatcher import Dispatcher
-from app.i18n import text
-from app.startup import Startup, progress_bar
+from app.i18n import has_text, localize, text
+from app.startup import Startup, StartupState, progress_bar
 from workers.protocol import Done, FinishReason
+from workers.tuning.engine_choice import EngineChoice, EngineTiming
+from workers.tuning.kernel_choice import PREFILL_ROWS, KernelChoice
 
 # What the page adds to a reply; none of it is the model's, so none of it goes back into a prompt.
 STATS_PREFIX = "\n\n<sub>⚡ "  # the stats footer
 NOTICE_PREFIX = "<sub>ℹ️ "  # a notice before the reply (e.g. old turns left out)
 ERROR_PREFIX = "\n\n⚠️ "  # the reason a reply ended early
 WAITING_PREFIX = "◐ "  # the place in line, shown until the reply starts
+
+FALLBACK_PREFIX = "serving the bundled offline model: "  # how workers.loading.resolve starts a fallback's reason
+PREFILL_PATH_KEYS = {"same": "path_int8", "int8": "path_int8", "widen-fp32": "path_fp32", "fp32": "path_fp32"}
 
 
 def stats_footer(lang: str, done: Done, cores: list[int] | None) -> str:
@@ -34,16 +46,21 @@ def stats_footer(lang: str, done: Done, cores: list[int] | None) -> str:
     return STATS_PREFIX + " · ".join(parts) + "</sub>"
 
 
+def stage(lang: str, state: StartupState) -> str:
+    """The start-up stage in ``lang``, with its progress bar where the fraction is known."""
+    bar = f" `{progress_bar(state.fraction)}`" if state.fraction is not None else ""
+    return localize(lang, state.stage) + " …" + bar
+
+
 def readiness(lang: str, dispatcher: Dispatcher, startup: Startup) -> str:
-    """The panel's first line: says what is still loading instead of leaving the page silent."""
+    """The section's first line: says what is still loading instead of leaving the page silent."""
     workers = dispatcher.snapshot()
     ready, total = dispatcher.ready_count, len(workers)
     state = startup.snapshot()
     if state.error:
-        return text(lang, "start_failed", total=total, error=state.error)
+        return text(lang, "start_failed", total=total, error=localize(lang, state.error))
     if not state.done:
-        bar = f" `{progress_bar(state.fraction)}`" if state.fraction is not None else ""
-        return text(lang, "preparing", total=total, stage=state.stage, bar=bar)
+        return text(lang, "preparing", total=total, stage=stage(lang, state))
     if ready == total:
         return text(lang, "ready_all", ready=ready, total=total)
     loading = sum(w.state is WorkerState.STARTING for w in workers)
@@ -53,14 +70,37 @@ def readiness(lang: str, dispatcher: Dispatcher, startup: Startup) -> str:
     return text(lang, "partly_ready", ready=ready, total=total, what=", ".join(what))
 
 
+def model_banner(lang: str, dispatcher: Dispatcher, startup: Startup) -> str:
+    """The one line above the chat: the model, and whatever keeps it from answering yet."""
+    model, state = startup.model, startup.snapshot()
+    if state.error:
+        return text(lang, "banner_failed", error=localize(lang, state.error))
+    if not state.done or model is None:
+        return text(lang, "banner_preparing", stage=stage(lang, state))
+    head = (text(lang, "banner_fallback", name=model.name, why=reason(lang, model.reason)) if model.is_fallback
+            else text(lang, "banner_serving", name=model.name))
+    if dispatcher.ready_count == len(dispatcher.workers):
+        return head
+    return f"{head} · {readiness(lang, dispatcher, startup)}"
+
+
+def reason(lang: str, words: str) -> str:
+    """Why this model serves, in ``lang``; a fallback's without its "serving the bundled…" (the banner says it)."""
+    return localize(lang, words.removeprefix(FALLBACK_PREFIX))
+
+
 def worker_panel(lang: str, dispatcher: Dispatcher, startup: Startup) -> str:
+    """The "Workers and speed" section above its plots: readiness, the model, the measured
+    kernels or engines, and a row per worker."""
     lines = [f"{readiness(lang, dispatcher, startup)} · {text(lang, 'waiting_n', n=dispatcher.queue_depth)}", ""]
+    if startup.model:
+        lines += [text(lang, "model_line", name=startup.model.name, reason=reason(lang, startup.model.reason)), ""]
     private = max((w.private_weight_mb or 0 for w in dispatcher.snapshot()), default=0)
     packed = text(lang, "private_mb", mb=private) if private else ""
     if startup.engine:
-        lines += [text(lang, "engine", summary=startup.engine.summary()) + packed, ""]
+        lines += [*engine_lines(lang, startup.engine, packed), ""]
     if startup.kernels and not (startup.engine and startup.engine.engine != "lean"):  # the kernels serve
-        lines += [text(lang, "kernels", summary=startup.kernels.summary()) + ("" if startup.engine else packed), ""]
+        lines += [kernel_line(lang, startup.kernels) + ("" if startup.engine else packed), ""]
     lines += [text(lang, "table"), "|---|---|---|---|---|---|---|---|---|---|---|"]
     for w in dispatcher.snapshot():
         now, last = w.current_tokens_per_s, w.tokens_per_s  # last is 0 after a Stop: no decode rate
@@ -70,17 +110,34 @@ def worker_panel(lang: str, dispatcher: Dispatcher, startup: Startup) -> str:
     return "\n".join(lines)
 
 
+def kernel_line(lang: str, k: KernelChoice) -> str:
+    speed = text(lang, "kernel_speed", gbps=k.decode_gbps) if k.decode_gbps else ""
+    return text(lang, "kernels", decode=k.decode, speed=speed, prefill=k.prefill, why=localize(lang, k.why))
+
+
+def engine_lines(lang: str, choice: EngineChoice, packed: str) -> list[str]:
+    """Which engine serves, then a table of what each was measured at."""
+    rows = [f"| {engine_name(lang, name)}{' ✔' if name == choice.engine else ''} | {prefill_cell(lang, t)} | "
+            f"{text(lang, 'ms1', ms=t.step_ms)} | {text(lang, 'ms1', ms=t.batch_step_ms)} |"
+            for name, t in choice.timings.items()]
+    return [text(lang, "engine", name=engine_name(lang, choice.engine)) + packed, "",
+            text(lang, "engine_table", rows=PREFILL_ROWS), "|---|---|---|---|", *rows]
+
+
+def engine_name(lang: str, name: str) -> str:
+    return text(lang, f"engine_{name}") if has_text(f"engine_{name}") else name
+
+
+def prefill_cell(lang: str, t: EngineTiming) -> str:
+    """The prefill time, and where the graph timed several paths, each (and which one it kept)."""
+    cell = text(lang, "ms0", ms=t.prefill_ms)
+    each = [text(lang, "path_ms", path=text(lang, PREFILL_PATH_KEYS[path]) if path in PREFILL_PATH_KEYS else path,
+                 ms=ms) + (text(lang, "kept") if path == t.prefill else "")
+            for path, ms in t.prefill_ms_by_path.items()]
+    return cell + text(lang, "paths", each=text(lang, "list_sep").join(each)) if each else cell
+
+
 def waiting_text(lang: str, dispatcher: Dispatcher, position: int) -> str:
     """Shown in place of the reply while the request waits for a worker."""
     key = "wait_loading" if dispatcher.ready_count == 0 else "wait_busy"
     return WAITING_PREFIX + text(lang, key, total=len(dispatcher.workers), position=position)
-
-
-def model_banner(lang: str, startup: Startup) -> str:
-    model, state = startup.model, startup.snapshot()
-    if model is None:
-        if state.error:
-            return text(lang, "banner_failed", error=state.error)
-        return text(lang, "banner_preparing", stage=f"{state.stage[:1].upper()}{state.stage[1:]}")
-    return text(lang, "banner_fallback" if model.is_fallback else "banner_serving", name=model.name,
-                reason=model.reason)

@@ -16,10 +16,17 @@ Tokens are shown at most ``UPDATE_INTERVAL_S`` apart, several to an update when 
 faster: a small model on a fast CPU streams hundreds of tokens a second, and an update per
 token (each re-rendering the whole reply) kept the browser so busy that Stop went unclicked.
 
-Above the chat, the banner (which model, and why), the worker panel and the speed plots
-refresh every second: while the model is being prepared they say which step is running,
-with a stage-level progress bar (see ``app.startup``), or the error that stopped it.
-Everything the server writes is in the reader's language (``app.i18n``).
+The chat comes first and takes the window's height (``fill_height``), so that a newcomer sees
+where to type, and the answer, without scrolling. Above it is only a one-line banner: which
+model serves; while it is being prepared, which step is running, with a stage-level progress
+bar (see ``app.startup``); or the error that stopped it. The worker panel, the engine's
+figures and the speed plots are below, in a "Workers and speed" section closed by default:
+they are for whoever wants to look. Banner, panel and plots refresh every second. Everything
+the server writes is in the reader's language (``app.i18n``).
+
+The examples are prompts the bundled SmolLM2-135M answers well when greedy, on the lean
+decoder and the onnxruntime graph (checked by ``tests.test_browser``; "What is the capital
+of France?" gets "L'Étoile…", haikus and explanations of a KV cache ramble or invent).
 """
 
 from __future__ import annotations
@@ -65,10 +72,10 @@ UPDATE_INTERVAL_S = 0.05  # 20 page updates a second at most: smooth to the eye
 _NOTICE_RE = re.compile(re.escape(NOTICE_PREFIX) + r".*?</sub>\n\n", re.DOTALL)
 
 EXAMPLES = [
-    "What is the capital of France?",
-    "Write a haiku about a CPU that thinks it is a GPU.",
-    "用中文介绍一下你自己。",
-    "Explain what a KV cache is in two sentences.",
+    "Name the capital of France.",
+    "Name three fruits as a numbered list.",
+    "Explain photosynthesis in one sentence.",
+    "What is a CPU?",
 ]
 
 
@@ -183,9 +190,9 @@ def build_ui(dispatcher: Dispatcher, startup: Startup, system_prompt: str,
                 reply.close(stats_footer(lang, event, cores))
                 yield reply.messages()
 
-    with gr.Blocks(title="CPU Chat", analytics_enabled=False) as demo:
+    with gr.Blocks(title="CPU Chat", analytics_enabled=False, fill_height=True) as demo:
         def banner(request: gr.Request = None) -> str:  # also the API endpoint /banner: the top of the page
-            return model_banner(request_language(request), startup)
+            return model_banner(request_language(request), dispatcher, startup)
 
         def panel(request: gr.Request = None) -> str:  # also the API endpoint /panel
             return worker_panel(request_language(request), dispatcher, startup)
@@ -195,19 +202,9 @@ def build_ui(dispatcher: Dispatcher, startup: Startup, system_prompt: str,
             speed.sample(dispatcher.snapshot())
             return speed.frames()
 
-        # Functions, not values: computed when each page loads, then every second (the
+        # A function, not a value: computed when each page loads, then every second (the
         # model may still be resolving when the page opens).
         gr.Markdown(banner, every=1.0, elem_id="model-banner")
-        gr.Markdown(panel, every=1.0, elem_id="worker-panel")
-        with gr.Accordion(i18n("speed"), open=True, elem_id="speed"):
-            with gr.Row():
-                axes = {"x": "time", "color": "worker", "x_title": " ", "x_axis_format": "%H:%M:%S"}
-                tps_plot = gr.LinePlot(y="tokens/s", y_title="tokens/s", label=i18n("tps_plot"), elem_id="tps-plot",
-                                       **axes)
-                ttft_plot = gr.ScatterPlot(y="seconds", y_title="s", label=i18n("ttft_plot"), elem_id="ttft-plot",
-                                           **axes)
-        demo.load(plots, None, [tps_plot, ttft_plot], show_progress="hidden", api_name="speed")
-        gr.Timer(1.0).tick(plots, None, [tps_plot, ttft_plot], show_progress="hidden", api_visibility="private")
         # Unrendered here, so ChatInterface renders them in its accordion. (Created inside an
         # unrendered Accordion they count as rendered, never appear, and the page sends None.)
         inputs = [
@@ -236,6 +233,21 @@ def build_ui(dispatcher: Dispatcher, startup: Startup, system_prompt: str,
         )
         # Stop cancels ``respond`` before it can close the reply, so a thinking block would spin on
         chat.textbox.stop(settle_thinking, [chat.chatbot], [chat.chatbot], queue=False, api_visibility="private")
+        with gr.Accordion(i18n("workers_speed"), open=False, elem_id="workers-speed") as section:
+            panel_text = gr.Markdown(panel, every=1.0, elem_id="worker-panel")
+            gr.Markdown(i18n("speed"), elem_id="speed")
+            with gr.Row():
+                axes = {"x": "time", "color": "worker", "x_title": " ", "x_axis_format": "%H:%M:%S"}
+                tps_plot = gr.LinePlot(y="tokens/s", y_title="tokens/s", label=i18n("tps_plot"), elem_id="tps-plot",
+                                       **axes)
+                ttft_plot = gr.ScatterPlot(y="seconds", y_title="s", label=i18n("ttft_plot"), elem_id="ttft-plot",
+                                           **axes)
+        demo.load(plots, None, [tps_plot, ttft_plot], show_progress="hidden", api_name="speed")
+        gr.Timer(1.0).tick(plots, None, [tps_plot, ttft_plot], show_progress="hidden", api_visibility="private")
+        # A closed section's contents are not on the page and miss the refreshes: opened, they
+        # would show what they showed when the page loaded until the next tick.
+        section.expand(panel, None, panel_text, show_progress="hidden", api_visibility="private")
+        section.expand(plots, None, [tps_plot, ttft_plot], show_progress="hidden", api_visibility="private")
     return demo
 
 

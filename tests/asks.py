@@ -13,8 +13,23 @@ model writes on to the 1,024-token limit on every kernel (measured); "Count from
 line." is written on one line by the onnxruntime graph at the app's repetition penalty (1.05),
 and as prose by fbgemm; this one is "1. Bananas\n2. Oranges\n3. Grapes" on every kernel and
 on the graph, with penalty 1.0 or 1.05, whole or prefilled in two pieces, on 1 or 2 threads.
+
+``EXAMPLE_ANSWERS``: the page's examples (``app.ui.EXAMPLES``) and a phrase of each one's greedy
+answer, which stops by itself in 7-80 tokens on the lean decoder (int8-ort, 1 thread) and on
+the graph (2 threads), with penalty 1.0 or 1.05 (measured). Tried and dropped for rambling to
+the token limit or for wrong answers: "What is the capital of France?", a haiku about a CPU
+(or about autumn), "用中文介绍一下你自己。" (answered in English), a KV cache or a fun fact about
+cats explained, a poem about the sea, "What is 12 plus 7?" ("9"), the largest planet ("Neptune"),
+"good morning" in French ("Je m'aime…"), a name for a goldfish (none given), three tips for
+sleeping better (fine at 1.05, "Snooze, Snooze, …" at 1.0).
 """
 
 CAPITAL = "Name the capital of France."  # greedy: "The capital of France is Paris."
 LONG = "Write a long essay about the history of the Roman Empire."  # greedy: 1,024 tokens and more
 LINES = "Name three fruits as a numbered list."  # greedy: "1. Bananas\n2. Oranges\n3. Grapes"
+EXAMPLE_ANSWERS = {
+    CAPITAL: "Paris",
+    LINES: "1. Bananas",
+    "Explain photosynthesis in one sentence.": "carbon dioxide",  # "... converts carbon dioxide into ..."
+    "What is a CPU?": "Central Processing Unit",
+}

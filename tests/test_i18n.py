@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import string
 
 import pytest
@@ -80,3 +81,98 @@ def test_the_memory_notices_of_the_worker_are_shown_in_chinese():
     assert localize("zh", waiting).startswith("此 worker 的对话内存已满")
     assert "900 MB" in localize("zh", refused) and "512 MB" in localize("zh", refused)
     assert localize("en", refused) == refused
+
+
+def fake_dispatcher(ready: int = 1):
+    from types import SimpleNamespace
+
+    from app.dispatch_policy import WorkerState
+
+    workers = [SimpleNamespace(id=0, node="here", pid=12, cores=(0,), threads=1, active=0, slots=4, served=3,
+                               restarts=0, private_weight_mb=130, current_tokens_per_s=None, tokens_per_s=33.2,
+                               state=WorkerState.IDLE if ready else WorkerState.STARTING)]
+    return SimpleNamespace(snapshot=lambda: workers, workers=workers, ready_count=ready, queue_depth=0)
+
+
+def served_startup(engine: bool = True):
+    from app.startup import Startup
+    from workers.loading.resolve import ResolvedModel
+    from workers.tuning.engine_choice import EngineChoice, EngineTiming
+    from workers.tuning.kernel_choice import KernelChoice
+
+    startup = Startup()
+    startup.model = ResolvedModel("SmolLM2-135M-Instruct (bundled, offline)", "/m", "bundled",
+                                  "serving the bundled offline model: qwen/Qwen1.5-0.5B-Chat is not cached and "
+                                  "the hub (http://127.0.0.1:9) cannot be reached")
+    startup.kernels = KernelChoice("int8-ort", "ort-fp32", "float32", 14.2, "measured fastest")
+    if engine:
+        startup.engine = EngineChoice("ort", {"lean": EngineTiming(366, 22.4, 43.8),
+                                              "ort": EngineTiming(300, 12.1, 30.5, "same",
+                                                                  {"same": 300, "widen-fp32": 420})})
+    startup.finish()
+    return startup
+
+
+CJK = re.compile(r"[\u4e00-\u9fff]")
+
+
+@pytest.mark.parametrize("engine", [True, False])
+def test_every_line_of_the_workers_section_is_chinese_on_a_chinese_page(engine):
+    """The engine and kernel lines are built from the choices' fields, not their English summaries."""
+    from app.panel import worker_panel
+
+    startup, dispatcher = served_startup(engine), fake_dispatcher()
+    lines = [line for line in worker_panel("zh", dispatcher, startup).splitlines() if line.strip("|- ")]
+    assert all(CJK.search(line) for line in lines), lines
+    shown = "\n".join(lines)
+    assert ("推理引擎：onnxruntime 计算图，在本机实测更快" in shown) is engine
+    assert ("计算内核：解码 int8-ort（14 GB/s），预填充 ort-fp32（实测最快）" in shown) is not engine
+    english = worker_panel("en", dispatcher, startup)
+    if engine:  # the same figures in English
+        assert "Engine: the onnxruntime graph, measured faster here · 130 MB of packed weights per worker" in english
+        assert "| the lean decoder | 366 ms | 22.4 ms | 43.8 ms |" in english
+        assert "300 ms (int8 weights: 300 ms, kept; an fp32 copy: 420 ms)" in english
+        assert "300 毫秒（int8 权重：300 毫秒，采用；fp32 副本：420 毫秒）" in shown
+    else:
+        assert "Kernels: decode int8-ort at 14 GB/s, prefill ort-fp32 (measured fastest)" in english
+
+
+def test_the_banner_is_one_line_that_says_what_serves_or_what_start_up_is_doing():
+    from app.panel import model_banner
+    from app.startup import Startup
+
+    startup, ready, loading = served_startup(), fake_dispatcher(), fake_dispatcher(ready=0)
+    for lang in ("en", "zh"):
+        assert "\n" not in model_banner(lang, ready, startup) + model_banner(lang, loading, startup)
+    assert model_banner("en", ready, startup) == (
+        "⚠️ Serving **SmolLM2-135M-Instruct (bundled, offline)**, the offline fallback — qwen/Qwen1.5-0.5B-Chat is "
+        "not cached and the hub (http://127.0.0.1:9) cannot be reached")
+    assert model_banner("zh", ready, startup).startswith("⚠️ 正在服务离线备用模型 **SmolLM2-135M-Instruct")
+    assert model_banner("en", loading, startup).endswith("· ◐ **0/1 workers ready** — 1 loading the model and warming up")
+
+    preparing = Startup()
+    preparing.step("measuring which kernels are fastest on this CPU (once per CPU and model shape)", 0.4)
+    assert model_banner("en", loading, preparing).startswith("◐ **Preparing the model** — measuring which kernels")
+    assert "40%" in model_banner("en", loading, preparing)
+    assert model_banner("zh", loading, preparing).startswith("◐ **正在准备模型** — 正在测量本机 CPU 上最快的计算内核")
+    preparing.fail("ValueError: not a GGUF file")
+    assert model_banner("en", loading, preparing) == "⚠️ **The model could not be prepared:** ValueError: not a GGUF file"
+
+
+@pytest.mark.parametrize("english", [
+    "finding qwen/Qwen1.5-0.5B-Chat",
+    "converting SmolLM2-135M-Instruct.Q4_1 GGUF to safetensors (once; later starts reuse it)",
+    "downloading qwen/Qwen1.5-0.5B-Chat from ModelScope (once; progress in the log)",
+    "measuring which kernels are fastest on this CPU (once per CPU and model shape)",
+    "measuring which engine is fastest on this CPU (once per CPU and model)",
+    "preparing the weights of SmolLM2-135M-Instruct (bundled, offline) for int8-ort",
+    "building the onnxruntime graph of SmolLM2-135M-Instruct (bundled, offline) (int8, once)",
+    "starting the workers",
+    "2 worker(s) loading SmolLM2-135M-Instruct (bundled, offline)",
+    "asked for with --model bundled",
+    "qwen/Qwen1.5-0.5B-Chat downloaded from ModelScope",
+    "downloading qwen/Qwen1.5-0.5B-Chat failed (OSError: disk full)",
+    "measurement failed: worker crashed",
+])
+def test_start_ups_stages_and_reasons_are_shown_in_chinese(english):
+    assert CJK.search(localize("zh", english)) and localize("en", english) == english
