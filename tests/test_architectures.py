@@ -3,19 +3,17 @@
 Each model is random, built here from its published config.json shrunk (``benchmarks.arch_shapes``:
 every architectural key kept), saved with that raw config as a downloaded checkpoint has it,
 then decoded by the lean decoder (prefill, prefill on a cache, decode steps) and by
-transformers, in fp32, to the tolerance of ``test_lean_decoder``.
+transformers, in fp32, to the tolerance of ``test_lean_decoder``. (What the lean decoder
+refuses, read from a config alone: ``tests/unit/test_lean_support.py``.)
 """
 
 from __future__ import annotations
-
-import json
-import logging
 
 import pytest
 import torch
 
 from benchmarks.arch_shapes import tiny, write
-from workers.decoders.lean.model import ModelArgs, Transformer, UnsupportedModel
+from workers.decoders.lean.model import Transformer
 from workers.decoders.lean.weights import map_prepared, prepare
 
 ATOL, RTOL = 2e-3, 1e-3  # as test_lean_decoder's fp32 test
@@ -74,50 +72,6 @@ def test_llama3_scaling_matters_at_these_positions(tmp_path):
     ids = torch.randint(3, 256, (SEQ,), generator=torch.Generator().manual_seed(1)).tolist()
     difference = (transformers_logits(scaled, ids) - transformers_logits(plain, ids))[40:].abs().max()
     assert difference > 10 * ATOL
-
-
-def config(**raw):
-    from transformers import AutoConfig
-
-    return AutoConfig.for_model(**raw)
-
-
-def test_a_window_that_applies_is_refused():
-    cfg = config(**tiny("qwen2.5-0.5b", use_sliding_window=True, sliding_window=16, max_position_embeddings=512))
-    with pytest.raises(UnsupportedModel, match="sliding-window attention .window 16 < context 512"):
-        ModelArgs.from_hf_config(cfg)
-
-
-@pytest.mark.parametrize("change, message", [
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}}, "yarn"),
-    ({"hidden_act": "gelu"}, "activation 'gelu'"),
-    ({"attention_bias": True}, "attention biases"),
-])
-def test_what_the_lean_decoder_would_compute_wrong_is_refused(change, message):
-    with pytest.raises(UnsupportedModel, match=message):
-        ModelArgs.from_hf_config(config(**tiny("llama-3.2-1b", **change)))
-
-
-@pytest.mark.parametrize("raw, reason", [
-    ({"model_type": "gpt2", "n_layer": 1, "n_embd": 32, "n_head": 2}, "model_type 'gpt2'"),
-    (tiny("qwen2.5-0.5b", use_sliding_window=True, sliding_window=16), "sliding-window"),
-])
-def test_unsupported_models_fall_back_to_transformers_and_the_log_says_so(raw, reason, tmp_path, caplog):
-    from app.server import lean_supported
-
-    config(**raw).save_pretrained(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="app.server"):
-        assert not lean_supported(str(tmp_path))
-    assert reason in caplog.text and "using transformers" in caplog.text
-
-
-@pytest.mark.parametrize("name", ["qwen3-0.6b", "qwen2.5-0.5b", "llama-3.2-1b"])
-def test_published_configs_take_the_lean_path(name, tmp_path):
-    from app.server import lean_supported
-    from benchmarks.arch_shapes import CONFIGS
-
-    (tmp_path / "config.json").write_text(json.dumps(CONFIGS[name]))
-    assert lean_supported(str(tmp_path))
 
 
 @pytest.mark.parametrize("case", CASES)

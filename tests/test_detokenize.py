@@ -1,4 +1,5 @@
-"""Streaming text never shows half a character, and adds up to the full decode."""
+"""Streaming text never shows half a character, and adds up to the full decode (stop strings:
+``tests/unit/test_stop_strings.py``)."""
 
 import pytest
 
@@ -27,21 +28,3 @@ def test_special_tokens_are_not_shown(bundled_tokenizer):
     detok = IncrementalDetokenizer(bundled_tokenizer)
     ids = bundled_tokenizer("Hi", add_special_tokens=False).input_ids + [bundled_tokenizer.eos_token_id]
     assert "".join(detok.push(i) for i in ids) + detok.flush() == "Hi"
-
-
-def test_stop_strings_end_the_reply_and_are_never_shown_in_part():
-    from workers.generation.detokenize import StopStrings
-
-    stops = StopStrings(("\n\nUser:", "END"))
-    shown, stopped = [], False
-    for piece in ["Hello", " wor", "ld\n", "\nUs", "er: more", " text"]:
-        text, stopped = stops.push(piece)
-        shown.append(text)
-        if stopped:
-            break
-    assert "".join(shown) == "Hello world" and stopped
-    assert stops.push("after") == ("", True) and stops.flush() == ""
-    almost = StopStrings(("END",))
-    assert almost.push("abcEN") == ("abc", False)  # "EN" might start "END": held back
-    assert almost.push("x") == ("ENx", False) and almost.flush() == ""
-    assert StopStrings(()).push("anything") == ("anything", False)

@@ -1,7 +1,8 @@
 """The engine on real models: a tiny random Qwen2 for mechanics, the bundled model for sense."""
 
+import time
+
 import pytest
-import torch
 
 from app.config import load_config
 from tests.asks import CAPITAL
@@ -10,9 +11,8 @@ from workers.generation.engine import Engine
 from workers.loading.load import load
 from workers.generation.prompt import PromptTooLong, encode_chat
 from workers.protocol import ChatMessage, EngineConfig, FinishReason, SamplingParams
-from workers.generation.processors import processors_for, process
-from workers.generation.sampling import sample
 from workers.decoders.lean.weights import prepare
+from workers.spec import EngineSpec
 
 GREEDY = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=12)
 
@@ -24,8 +24,9 @@ def run(engine, ids, params=GREEDY, scope="", session=None):
 def make_engine(path: str, kernel: str, cache_dir, prefill: str | None = None, **config) -> Engine:
     """kernel: a workers.decoders.lean.kernels name (the lean decoder on mmapped prepared weights), or "hf"
     (transformers, float32)."""
-    weights = None if kernel == "hf" else str(prepare(path, kernel, cache_dir))
-    loaded = load(path, "float32", weights, prefill)
+    spec = EngineSpec.hf(path) if kernel == "hf" else EngineSpec.lean(path, str(prepare(path, kernel, cache_dir)),
+                                                                        kernel, prefill)
+    loaded = load(spec)
     return Engine(loaded.decoder, loaded.tokenizer, loaded.stop_ids, 
                   EngineConfig(**{"max_context_tokens": load_config().max_context_tokens, **config}))
 
@@ -112,29 +113,33 @@ def test_a_single_message_over_the_window_says_the_limit(tiny_engine):
         tiny_engine.prompt([ChatMessage("user", "word " * 1000)], 64)
 
 
-def test_sampling_top_k_1_is_greedy_and_seed_reproduces():
-    logits = torch.randn(1000)
-    top1 = SamplingParams(max_new_tokens=1, temperature=1.0, top_k=1, top_p=1.0, repetition_penalty=1.0)
-    assert sample(logits.clone(), top1, None) == int(logits.argmax())
-    p = SamplingParams(max_new_tokens=1, temperature=1.0, top_k=0, top_p=0.9, repetition_penalty=1.0)
-    draws = [sample(logits.clone(), p, torch.Generator().manual_seed(7)) for _ in range(2)]
-    assert draws[0] == draws[1]
+def assert_metrics_are_the_replys_own_times(metrics, began: float, first_returned: float, last_called: float,
+                                            ended: float) -> None:
+    """The time to first token and the tokens/s a reply reports (the page's stats footer, the
+    API's metrics) lie within the times the caller saw around the calls that made the reply:
+    its first token came before the call that sampled it returned, and the decode the tokens/s
+    implies took at least from that return to the last step's call, at most the whole reply."""
+    assert metrics.completion_tokens > 1 and metrics.decode_tokens_per_s > 0, metrics
+    assert 0 < metrics.ttft_ms / 1000 <= first_returned - began, (metrics, first_returned - began)
+    decode_s = (metrics.completion_tokens - 1) / metrics.decode_tokens_per_s
+    assert last_called - first_returned <= decode_s <= ended - began, (metrics, last_called - first_returned,
+                                                                        ended - began)
 
 
-def test_repetition_penalty_discourages_seen_tokens():
-    logits = torch.tensor([2.0, 1.9, 0.0])
-    p = SamplingParams(max_new_tokens=1, temperature=0.0, repetition_penalty=1.5)
-    seen = processors_for(p, [0], window=64)
-    assert sample(process(seen, logits), p, None) == 1
-    assert sample(logits, p, None) == 0 and logits[0] == 2.0  # unseen, and the raw logits untouched
-
-
-def test_bundled_model_knows_the_capital_of_france(smol_engine):
+def test_bundled_model_knows_the_capital_of_france_and_reports_its_real_times(smol_engine):
     ids = smol_engine.prompt([ChatMessage("user", CAPITAL)], 32).ids
-    text, finished = run(smol_engine, ids, SamplingParams(temperature=0.0, max_new_tokens=32))
-    assert "Paris" in text
+    began = time.perf_counter()
+    seq, first = smol_engine.start(ids, SamplingParams(temperature=0.0, max_new_tokens=32))
+    first_returned = last_called = time.perf_counter()
+    text = first.text if first else ""
+    while seq.reason is None:
+        last_called = time.perf_counter()
+        text += "".join(step.text for _, step in smol_engine.step([seq]))
+    finished = smol_engine.finish(seq)
+    ended = time.perf_counter()
+    assert "Paris" in text + finished.tail_text
     assert finished.reason is FinishReason.STOP
-    assert finished.metrics.ttft_ms > 0 and finished.metrics.decode_tokens_per_s > 0
+    assert_metrics_are_the_replys_own_times(finished.metrics, began, first_returned, last_called, ended)
 
 
 def test_batched_decode_gives_each_sequence_its_own_answer(smol_engine):
@@ -177,24 +182,15 @@ def test_a_prompt_prefilled_within_the_others_decode_steps_changes_no_answer(smo
 
 def test_cancelled_sequence_reports_real_metrics_and_keeps_its_cache(smol_engine):
     ids = smol_engine.prompt([ChatMessage("user", "Count from 1 to 100.")], 100).ids
+    began = time.perf_counter()
     seq, _ = smol_engine.start(ids, SamplingParams(temperature=0.0, max_new_tokens=100), "user:c")
+    first_returned = last_called = time.perf_counter()
     for _ in range(5):
+        last_called = time.perf_counter()
         smol_engine.step([seq])
     end = smol_engine.finish(seq, FinishReason.CANCELLED)
+    ended = time.perf_counter()
     assert end.reason is FinishReason.CANCELLED and end.metrics.completion_tokens == 6
-    assert end.metrics.decode_tokens_per_s > 0 and end.metrics.ttft_ms > 0
+    assert_metrics_are_the_replys_own_times(end.metrics, began, first_returned, last_called, ended)
     again, _ = smol_engine.start(ids, SamplingParams(temperature=0.0, max_new_tokens=1), "user:c")
     assert again.cached == len(ids) - 1  # the next turn finds the prompt in the kept cache
-
-
-def test_sampling_follows_the_distribution_after_top_k_and_top_p():
-    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
-    g = torch.Generator().manual_seed(0)
-    full = SamplingParams(max_new_tokens=1, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
-    counts = torch.bincount(torch.tensor([sample(logits, full, g) for _ in range(4000)]), minlength=4)
-    assert torch.allclose(counts / 4000, torch.tensor([0.5, 0.3, 0.15, 0.05]), atol=0.03)
-    nucleus = SamplingParams(max_new_tokens=1, temperature=1.0, top_k=0, top_p=0.7, repetition_penalty=1.0)  # keeps 0.5 + 0.3
-    counts = torch.bincount(torch.tensor([sample(logits, nucleus, g) for _ in range(4000)]), minlength=4)
-    assert counts[2:].sum() == 0 and abs(counts[0] / 4000 - 0.5 / 0.8) < 0.03
-    top2 = SamplingParams(max_new_tokens=1, temperature=1.0, top_k=2, top_p=1.0, repetition_penalty=1.0)
-    assert set(sample(logits, top2, g) for _ in range(500)) == {0, 1}

@@ -1,5 +1,6 @@
-"""Linear kernels: every one this machine runs keeps the model's quality, the choice follows
-the timings it is given, and the one chosen here really is faster here than plain fp32."""
+"""Linear kernels: every one this machine runs keeps the model's quality, and the one chosen
+here really is faster here than plain fp32. (The choice on given timings:
+``tests/unit/test_kernel_choice.py``.)"""
 
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ import torch
 
 from tests.asks import CAPITAL
 from tests.generation import generate
-from workers.tuning.kernel_choice import Allowed, CalibrationError, Measurement, Timing, choose
 from workers.decoders.lean.kernels import KERNELS
 from workers.decoders.lean.linear import unavailable
 from workers.loading.load import load
 from workers.decoders.lean.weights import prepare
+from workers.spec import EngineSpec
 
 TEXT = Path(__file__).parent / "data" / "perplexity.txt"
 BUNDLED_IN_FEATURES = (576, 1536)  # SmolLM2-135M: model width, MLP width
@@ -38,7 +39,8 @@ def prefill_logits(decoder, ids: list[int], cuts: range) -> torch.Tensor:
 
 
 def lean(bundled_model, kernel: str, cache_dir, prefill: str | None = None):
-    return load(bundled_model.path, weights=str(prepare(bundled_model.path, kernel, cache_dir)), prefill=prefill).decoder
+    return load(EngineSpec.lean(bundled_model.path, str(prepare(bundled_model.path, kernel, cache_dir)), kernel,
+                                prefill)).decoder
 
 
 def greedy_answer(bundled_model, kernel: str, prefill: str, cache_dir, question: str) -> str:
@@ -98,74 +100,6 @@ def test_tied_embedding_is_stored_once_for_a_dense_kernel(tiny_qwen, tmp_path):
     assert header["lm_head.w"]["data_offsets"] == header["embed"]["data_offsets"]
 
 
-# --- the choice, on given timings ----------------------------------------------------
-
-AVX2 = {  # ms per layer, shaped like the Zen 3 figures in the issue (bf16 GEMMs emulated)
-    ("fp32", "decode-1", "decode"): 3.3, ("fp32", "decode-4", "decode"): 6.0, ("fp32", "prefill-128", "same"): 22.0,
-    ("bf16", "decode-1", "decode"): 0.78, ("bf16", "decode-4", "decode"): 2.6, ("bf16", "prefill-128", "same"): 75.0,
-    ("fp16-fbgemm", "decode-1", "decode"): 0.84, ("fp16-fbgemm", "decode-4", "decode"): 0.88,
-    ("fp16-fbgemm", "prefill-128", "same"): 16.6,
-    ("int8pack-bf16", "decode-1", "decode"): 0.92, ("int8pack-bf16", "decode-4", "decode"): 1.39,
-    ("int8pack-bf16", "prefill-128", "widen-bf16"): 76.0, ("int8pack-bf16", "prefill-128", "widen-fp32"): 31.0,
-    ("int8pack-fp32", "decode-1", "decode"): 5.5, ("int8pack-fp32", "decode-4", "decode"): 21.7,
-    ("int8-ort", "decode-1", "decode"): 0.55, ("int8-ort", "decode-4", "decode"): 0.80,
-    ("int8-ort", "prefill-128", "ort-fp32"): 19.8, ("int8-ort", "prefill-128", "widen-fp32"): 30.0,
-}
-
-
-def measured(times: dict, errors: dict | None = None, unavailable_: dict | None = None) -> Measurement:
-    timings = tuple(Timing(k, phase, path, ms, 10.0) for (k, phase, path), ms in times.items())
-    default_errors = {f"{k}/{path}": 0.01 for (k, _, path) in times}
-    default_errors.update({f"{k}/decode": 0.01 for (k, _, _) in times})
-    return Measurement("test CPU", 4, timings, {**default_errors, **(errors or {})}, unavailable_ or {}, 1.0)
-
-
-def test_choice_on_an_avx2_machine_is_onnxruntime_int8_and_never_a_slow_combination():
-    choice = choose(measured(AVX2), Allowed())
-    assert (choice.decode, choice.prefill, choice.dtype) == ("int8-ort", "ort-fp32", "float32")
-    assert choice.why == "measured fastest"
-
-
-def test_choice_respects_the_flags():
-    m = measured(AVX2)
-    assert choose(m, Allowed(int8=False)).decode == "fp16-fbgemm"  # --quantize none: no int8
-    bf16 = choose(m, Allowed(dtype="bfloat16"))  # --dtype bfloat16: the bf16-activation kernels only
-    assert (bf16.decode, bf16.prefill) == ("int8pack-bf16", "widen-fp32")  # emulated bf16 GEMMs are slower
-    forced = choose(m, Allowed(kernel="fp32"))
-    assert (forced.decode, forced.why) == ("fp32", "forced with --kernel")
-
-
-def test_an_inaccurate_or_unavailable_kernel_is_never_chosen():
-    assert choose(measured(AVX2, errors={"int8-ort/decode": 0.2}), Allowed()).decode == "fp16-fbgemm"
-    assert choose(measured(AVX2, errors={"int8-ort/ort-fp32": 0.2}), Allowed()).decode == "fp16-fbgemm"  # no exact prefill
-    no_ort = measured({k: v for k, v in AVX2.items() if k[0] != "int8-ort"}, unavailable_={"int8-ort": "not installed"})
-    assert choose(no_ort, Allowed()).decode == "fp16-fbgemm"
-    with pytest.raises(CalibrationError, match="cannot run here"):
-        choose(no_ort, Allowed(kernel="int8-ort"))
-    with pytest.raises(CalibrationError, match="no kernel fits"):
-        choose(measured({k: v for k, v in AVX2.items() if k[0] == "int8-ort"}), Allowed(int8=False))
-
-
-def test_choice_on_a_bf16_machine_takes_whatever_is_fastest_there():
-    zen4 = {("fp32", "decode-1", "decode"): 3.3, ("fp32", "decode-4", "decode"): 6.4,
-            ("int8pack-bf16", "decode-1", "decode"): 0.45, ("int8pack-bf16", "decode-4", "decode"): 0.5,
-            ("int8pack-bf16", "prefill-128", "widen-bf16"): 9.6, ("int8pack-bf16", "prefill-128", "widen-fp32"): 24.0,
-            ("int8-ort", "decode-1", "decode"): 0.70, ("int8-ort", "decode-4", "decode"): 0.96}
-    choice = choose(measured(zen4), Allowed())
-    assert (choice.decode, choice.prefill, choice.dtype) == ("int8pack-bf16", "widen-bf16", "bfloat16")
-
-
-def test_a_kernel_that_decodes_faster_but_prefills_far_slower_loses():
-    """Time to first token counts too: a typical turn prefills 256 tokens and decodes 256."""
-    times = {("int8pack-bf16", "decode-1", "decode"): 0.8, ("int8pack-bf16", "decode-4", "decode"): 1.0,
-             ("int8pack-bf16", "prefill-128", "widen-bf16"): 10.0,
-             ("int8-ort", "decode-1", "decode"): 0.6, ("int8-ort", "decode-4", "decode"): 0.8,
-             ("int8-ort", "prefill-128", "ort-fp32"): 100.0}
-    assert choose(measured(times), Allowed()).decode == "int8pack-bf16"
-    times[("int8-ort", "prefill-128", "ort-fp32")] = 20.0
-    assert choose(measured(times), Allowed()).decode == "int8-ort"
-
-
 # --- the choice, measured here ------------------------------------------------------
 
 
@@ -199,7 +133,7 @@ def test_the_onnxruntime_graph_keeps_the_bundled_models_quality(bundled_model, c
     from workers.decoders.ort.decoder import PREFILL_PATHS
     from workers.decoders.ort.graph import build
 
-    graph = load(bundled_model.path, weights=str(build(bundled_model.path, cache_dir)), prefill="fp32").decoder
+    graph = load(EngineSpec.ort(bundled_model.path, str(build(bundled_model.path, cache_dir)), "widen-fp32")).decoder
     ppl_fp32, logits_fp32 = fp32_reference
     ppl = perplexity(graph, text_ids)  # token by token: the int8 graph whatever the prefill path
     print(f"\nonnxruntime graph: perplexity {ppl:.3f} vs fp32 {ppl_fp32:.3f} ({ppl / ppl_fp32 - 1:+.2%})")

@@ -1,4 +1,5 @@
-"""The lean decoder computes what transformers computes (the kernels' own accuracy: test_kernels)."""
+"""The lean decoder computes what transformers computes (the kernels' own accuracy: test_kernels;
+what it refuses and its int8 rounding: ``tests/unit/``)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from workers.decoders.lean.linear import quantize_int8
 from workers.loading.load import load
-from workers.decoders.lean.model import UnsupportedModel
 from workers.decoders.lean.weights import map_prepared, prepare
+from workers.spec import EngineSpec
 
 
 def hf_logits(path: str, ids: list[int]) -> torch.Tensor:
-    loaded = load(path, "float32")
+    loaded = load(EngineSpec.hf(path))
     with torch.inference_mode():
         return loaded.decoder.model(torch.tensor([ids])).logits[0].float()  # [S, V]
 
@@ -26,7 +26,7 @@ def test_lean_fp32_matches_transformers(request, model_fixture, bundled_tokenize
     path = str(model) if isinstance(model, Path) else model.path
     ids = bundled_tokenizer("The quick brown fox jumps over the lazy dog. " * 3).input_ids
     reference = hf_logits(path, ids)  # [S, V]
-    decoder = load(path, "float32", str(prepare(path, "fp32", tmp_path))).decoder
+    decoder = load(EngineSpec.lean(path, str(prepare(path, "fp32", tmp_path)), "fp32")).decoder
     cache = decoder.new_cache()
     got = [decoder.forward(torch.tensor(ids[:10]), cache)]  # prefill
     got.append(decoder.forward(torch.tensor(ids[10:20]), cache))  # prefill on top of a cache
@@ -39,7 +39,7 @@ def test_lean_fp32_matches_transformers(request, model_fixture, bundled_tokenize
 
 def test_cache_truncate_then_continue_is_exact(tiny_qwen, bundled_tokenizer, tmp_path):
     path = str(tiny_qwen)
-    decoder = load(path, "float32", str(prepare(path, "fp32", tmp_path))).decoder
+    decoder = load(EngineSpec.lean(path, str(prepare(path, "fp32", tmp_path)), "fp32")).decoder
     ids = bundled_tokenizer("one two three four five six seven eight nine ten").input_ids
     fresh = decoder.forward(torch.tensor(ids), decoder.new_cache())
     cache = decoder.new_cache()
@@ -59,21 +59,6 @@ def test_weights_are_shared_memory_maps_not_copies(bundled_model, cache_dir):
     assert tensors["layers.0.qkv.w"].dtype == torch.int8 and "lm_head.w" in tensors
 
 
-def test_int8_round_trip_error_is_small():
-    w = torch.randn(256, 512)
-    q, s = quantize_int8(w)
-    assert q.dtype == torch.int8
-    assert ((q.float() * s[:, None] - w).abs().max(dim=1).values <= s * 0.5 + 1e-6).all()
-
-
-def test_unsupported_architecture_is_reported(tmp_path):
-    from transformers import GPT2Config
-
-    GPT2Config(n_layer=1, n_embd=32, n_head=2).save_pretrained(tmp_path)
-    with pytest.raises(UnsupportedModel, match="gpt2"):
-        prepare(str(tmp_path), "fp32", tmp_path)
-
-
 def test_long_context_decode_attention_matches_transformers(tiny_qwen, bundled_tokenizer, tmp_path):
     """Past MATMUL_ATTENTION_FROM cached tokens decode takes the matmul path: same logits."""
     from workers.decoders.lean.model import MATMUL_ATTENTION_FROM
@@ -81,7 +66,7 @@ def test_long_context_decode_attention_matches_transformers(tiny_qwen, bundled_t
     path = str(tiny_qwen)
     ids = bundled_tokenizer("The quick brown fox jumps over the lazy dog. " * 30).input_ids[: MATMUL_ATTENTION_FROM + 20]
     reference = hf_logits(path, ids)
-    decoder = load(path, "float32", str(prepare(path, "fp32", tmp_path))).decoder
+    decoder = load(EngineSpec.lean(path, str(prepare(path, "fp32", tmp_path)), "fp32")).decoder
     cache = decoder.new_cache()
     decoder.forward(torch.tensor(ids[: MATMUL_ATTENTION_FROM - 5]), cache)
     got = [decoder.forward(torch.tensor([t]), cache) for t in ids[MATMUL_ATTENTION_FROM - 5 :]]

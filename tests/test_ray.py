@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app.pool import respawn_delay
 from tests.asks import CAPITAL, LONG
 from tests.e2e import running_app, wait_gone
 
@@ -150,10 +151,18 @@ def test_stop_reaches_the_actor_within_a_few_decode_steps(app):
     stream(app, LONG, events, stop_after=12)
     stopped_at = time.monotonic()
     step_s = (events[-1][0] - events[2][0]) / (len(events) - 3)  # this reply's own time per token
-    while any(w["active"] for w in app.health()["workers"]):  # the worker is busy until the actor confirms
+    poll_s = 0.0  # the longest poll (a /health round trip and a pause): how late one may have seen it free
+    while True:  # the worker is busy until the actor confirms
+        polled = time.monotonic()
+        if not any(w["active"] for w in app.health()["workers"]):
+            break
         time.sleep(0.02)
+        poll_s = max(poll_s, time.monotonic() - polled)
     freed_s = time.monotonic() - stopped_at
-    assert freed_s <= 10 * step_s + 0.5, (freed_s, step_s)  # 0.5 s: the server noticing the closed connection
+    poll_s = max(poll_s, time.monotonic() - polled)
+    print(f"freed {freed_s * 1000:.0f} ms after the stop: {freed_s / step_s:.1f} of its steps of "
+          f"{step_s * 1000:.0f} ms, polls of up to {poll_s * 1000:.0f} ms")
+    assert freed_s <= 10 * step_s + poll_s, (freed_s, step_s, poll_s)
     metrics = httpx.get(f"{app.url}/metrics", timeout=5).text
     assert 'cpu_chat_requests_total{outcome="cancelled"} 1.0' in metrics
 
@@ -175,7 +184,7 @@ def test_sigkill_of_an_actor_fails_its_reply_only_and_a_new_actor_replaces_it(ap
     os.kill(old["pid"], signal.SIGKILL)
     victim.join(120)
     survivor.join(120)
-    failure, completed = victim_events[-1][1], survivor_events[-1][1]
+    (failed_at, failure), completed = victim_events[-1], survivor_events[-1][1]
     assert "stopped unexpectedly" in failure["error"]["message"], failure
     assert completed["choices"][0]["finish_reason"] in ("stop", "length"), completed
     assert completed["metrics"]["worker"] != old["id"]
@@ -185,8 +194,12 @@ def test_sigkill_of_an_actor_fails_its_reply_only_and_a_new_actor_replaces_it(ap
     replaced = next(w for w in app.health()["workers"] if w["id"] == old["id"])
     assert replaced["pid"] != old["pid"] and replaced["restarts"] == 1 and replaced["node"] == old["node"]
     warm_start_s = initial_warm_start_s(app.log())
-    print(f"back to full strength {recovered_s:.1f} s after the kill; the first start took {warm_start_s:.1f} s")
-    assert recovered_s <= 1.5 * warm_start_s + 1.0  # 1.0: the backoff (0.5 s) and Ray noticing the death
+    noticed_s = failed_at - killed_at  # Ray noticing the death: the victim's reply failed then
+    # then the backoff of a worker that had loaded (respawn_delay(1)), then a start like the first one
+    print(f"back to full strength {recovered_s:.1f} s after the kill (its reply failed after {noticed_s:.1f} s); "
+          f"the first start took {warm_start_s:.1f} s")
+    assert recovered_s <= noticed_s + respawn_delay(1) + 1.5 * warm_start_s, \
+        (recovered_s, noticed_s, warm_start_s)
     assert "Paris" in chat(app, CAPITAL)["choices"][0]["message"]["content"]
 
 

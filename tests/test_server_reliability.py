@@ -51,13 +51,26 @@ def stream_chat(app, content: str, **params) -> tuple[str, float]:
     return text, ttft
 
 
-def wait_all_idle(app, timeout_s: float) -> float:
-    started = time.monotonic()
+def wait_all_idle(app, timeout_s: float = 60) -> tuple[float, float]:
+    """Seconds until /health shows every worker idle, and the longest of its polls (a /health
+    round trip and a pause): how late a poll may have seen it. ``timeout_s``: only against a hang."""
+    started, longest = time.monotonic(), 0.0
     while time.monotonic() - started < timeout_s:
-        if all(w["state"] == "idle" for w in app.health()["workers"]):
-            return time.monotonic() - started
+        polled = time.monotonic()
+        idle = all(w["state"] == "idle" for w in app.health()["workers"])
+        if idle:
+            return time.monotonic() - started, max(longest, time.monotonic() - polled)
         time.sleep(0.02)
+        longest = max(longest, time.monotonic() - polled)
     raise AssertionError(f"workers still busy after {timeout_s} s: {app.health()['workers']}")
+
+
+def busy_worker_step_s(app) -> float:
+    """The time per token of the one reply being generated, from its worker's live tokens/s
+    (what the worker panel shows)."""
+    [rate] = [w["current_tokens_per_s"] for w in app.health()["workers"] if w["state"] == "busy"]
+    assert rate > 0, app.health()["workers"]
+    return 1 / rate
 
 
 # --- bad input -----------------------------------------------------------------------
@@ -148,25 +161,31 @@ def test_long_history_drops_the_oldest_turns_and_says_so(app):
 # --- stop means stop -----------------------------------------------------------------
 
 
-def test_dropped_api_connection_frees_the_worker_within_a_second(app):
+def test_dropped_api_connection_frees_the_worker_within_a_few_of_its_decode_steps(app):
     body = {"messages": [{"role": "user", "content": LONG}], "stream": True,
             "max_tokens": 1000, "temperature": 0, "repetition_penalty": 1.0}
+    arrivals = []  # the reply's chunks as they came: its own time per token
     with httpx.stream("POST", app.url + "/v1/chat/completions", json=body, timeout=60) as r:
-        for i, _ in enumerate(r.iter_lines()):
-            if i > 10:
-                break
-    assert wait_all_idle(app, timeout_s=1.0) < 1.0
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                arrivals.append(time.monotonic())
+                if len(arrivals) >= 12:
+                    break
+    step_s = (arrivals[-1] - arrivals[2]) / (len(arrivals) - 3)  # past the role chunk and the prefill
+    freed_s, poll_s = wait_all_idle(app)
+    assert freed_s <= 10 * step_s + poll_s, (freed_s, step_s, poll_s)
 
 
-def test_stop_from_the_page_client_frees_the_worker_within_a_second(app):
+def test_stop_from_the_page_client_frees_the_worker_within_a_few_of_its_decode_steps(app):
     client = Client(app.url + "/", verbose=False)
     job = client.submit(LONG, "", 0.0, 1.0, 0, 1.0, 1024, api_name="/chat")
     deadline = time.monotonic() + 60
     while len(job.outputs()) < 5 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert any(w["state"] == "busy" for w in app.health()["workers"])
+    step_s = busy_worker_step_s(app)
     job.cancel()
-    assert wait_all_idle(app, timeout_s=1.0) < 1.0
+    freed_s, poll_s = wait_all_idle(app)
+    assert freed_s <= 10 * step_s + poll_s, (freed_s, step_s, poll_s)
 
 
 # --- load ----------------------------------------------------------------------------
@@ -260,14 +279,14 @@ def test_full_queue_answers_503_busy(private_app):
         busy = httpx.post(private_app.url + "/v1/chat/completions", auth=auth, timeout=30,
                           json={"messages": [{"role": "user", "content": "hi"}]})
     assert busy.status_code == 503 and "busy" in busy.text
-    assert busy.headers["retry-after"]
+    assert int(busy.headers["retry-after"]) > 0  # seconds, as RFC 9110 has it
     metrics = httpx.get(private_app.url + "/metrics", timeout=10).text
     assert 'cpu_chat_requests_total{outcome="rejected"} 1.0' in metrics
 
 
 def test_the_log_holds_no_prompts_replies_or_passwords(private_app):
     secret_prompt = "My bank PIN is 48213, what is the capital of France?"
-    wait_all_idle(private_app, timeout_s=5)  # the one slot may still be finishing a cancelled reply
+    wait_all_idle(private_app)  # the one slot may still be finishing a cancelled reply
     r = httpx.post(private_app.url + "/v1/chat/completions", auth=("alice", "s3cret"), timeout=60,
                    json={"messages": [{"role": "user", "content": secret_prompt}], "temperature": 0})
     assert r.status_code == 200

@@ -1,0 +1,40 @@
+"""Drawing the next token from given logits (``workers.generation.sampling``,
+``workers.generation.processors``): greedy takes the likeliest, a seed repeats its draws,
+top-k and top-p keep what they say and draw in proportion, a repetition penalty lowers what
+was seen and leaves the raw logits as they were."""
+
+import torch
+
+from workers.generation.processors import process, processors_for
+from workers.generation.sampling import sample
+from workers.protocol import SamplingParams
+
+
+def test_sampling_top_k_1_is_greedy_and_seed_reproduces():
+    logits = torch.randn(1000)
+    top1 = SamplingParams(max_new_tokens=1, temperature=1.0, top_k=1, top_p=1.0, repetition_penalty=1.0)
+    assert sample(logits.clone(), top1, None) == int(logits.argmax())
+    p = SamplingParams(max_new_tokens=1, temperature=1.0, top_k=0, top_p=0.9, repetition_penalty=1.0)
+    draws = [sample(logits.clone(), p, torch.Generator().manual_seed(7)) for _ in range(2)]
+    assert draws[0] == draws[1]
+
+
+def test_repetition_penalty_discourages_seen_tokens():
+    logits = torch.tensor([2.0, 1.9, 0.0])
+    p = SamplingParams(max_new_tokens=1, temperature=0.0, repetition_penalty=1.5)
+    seen = processors_for(p, [0], window=64)
+    assert sample(process(seen, logits), p, None) == 1
+    assert sample(logits, p, None) == 0 and logits[0] == 2.0  # unseen, and the raw logits untouched
+
+
+def test_sampling_follows_the_distribution_after_top_k_and_top_p():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    g = torch.Generator().manual_seed(0)
+    full = SamplingParams(max_new_tokens=1, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
+    counts = torch.bincount(torch.tensor([sample(logits, full, g) for _ in range(4000)]), minlength=4)
+    assert torch.allclose(counts / 4000, torch.tensor([0.5, 0.3, 0.15, 0.05]), atol=0.03)
+    nucleus = SamplingParams(max_new_tokens=1, temperature=1.0, top_k=0, top_p=0.7, repetition_penalty=1.0)  # keeps 0.5 + 0.3
+    counts = torch.bincount(torch.tensor([sample(logits, nucleus, g) for _ in range(4000)]), minlength=4)
+    assert counts[2:].sum() == 0 and abs(counts[0] / 4000 - 0.5 / 0.8) < 0.03
+    top2 = SamplingParams(max_new_tokens=1, temperature=1.0, top_k=2, top_p=1.0, repetition_penalty=1.0)
+    assert set(sample(logits, top2, g) for _ in range(500)) == {0, 1}
