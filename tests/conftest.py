@@ -56,12 +56,13 @@ def serving_kernel(bundled_model, cache_dir):
 @pytest.fixture(scope="session")
 def bundled_source(bundled_model, serving_kernel, cache_dir):
     """What the app's workers load for the bundled model: its weights packed for the measured kernel."""
-    from app.dispatcher import ModelSource
+    from workers.spec import EngineSpec
     from workers.decoders.lean.weights import prepare
 
     k = serving_kernel
     weights = prepare(bundled_model.path, k.decode, cache_dir)
-    return ModelSource(bundled_model.path, bundled_model.name, str(weights), k.dtype, k.decode, k.prefill, k.summary())
+    return EngineSpec.lean(bundled_model.path, str(weights), k.decode, k.prefill, k.dtype, bundled_model.name,
+                           k.summary())
 
 
 @pytest.fixture(scope="session")

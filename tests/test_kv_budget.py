@@ -23,7 +23,7 @@ def kv_bytes_per_token(model_path: str, dtype: str) -> int:
 
 
 def test_a_reply_that_does_not_fit_waits_for_memory_and_one_that_never_fits_is_refused(bundled_source):
-    per_token = kv_bytes_per_token(bundled_source.path, bundled_source.dtype)
+    per_token = kv_bytes_per_token(bundled_source.model_path, bundled_source.dtype)
     budget = 350 * per_token  # one reply of ~30 prompt + 200 new tokens fits, two do not
     one_core = plan_layout([(0,)], workers=1, threads_per_worker=1)
     pool = Pool(bundled_source, layouts=one_core, kv_cache_bytes=budget)

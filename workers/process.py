@@ -37,7 +37,7 @@ def run_worker(spec: WorkerSpec, conn) -> None:
     engine, ready = load_engine(spec)
     try:
         conn.send(ready)
-        from workers.scheduler.batch import serve_requests
+        from workers.scheduler.batch import serve_requests  # imports torch: after load_engine set the threads
 
         serve_requests(engine, conn, spec.layout.worker_id)
     except (EOFError, BrokenPipeError, ConnectionResetError):
