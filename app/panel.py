@@ -29,7 +29,7 @@ ERROR_PREFIX = "\n\n⚠️ "  # the reason a reply ended early
 WAITING_PREFIX = "◐ "  # the place in line, shown until the reply starts
 
 FALLBACK_PREFIX = "serving the bundled offline model: "  # how workers.loading.resolve starts a fallback's reason
-PREFILL_PATH_KEYS = {"same": "path_int8", "int8": "path_int8", "widen-fp32": "path_fp32", "fp32": "path_fp32"}
+PREFILL_PATH_KEYS = {"same": "path_int8", "widen-fp32": "path_fp32"}  # the graph's (workers.spec)
 
 
 def stats_footer(lang: str, done: Done, cores: list[int] | None) -> str:
