@@ -1,8 +1,8 @@
 """What an API client may send to /v1/chat/completions, validated before anything runs.
 
 Out-of-range fields are refused with 422 by the request model (the limits are the ones in
-``app.validation``); a field this server cannot honour yet gets a 400 that names it; a
-body over ``MAX_REQUEST_BYTES`` gets a 413 before it is parsed.
+``app.validation``); NaN or infinity, and a field this server cannot honour yet, get a 400
+that names the field; a body over ``MAX_REQUEST_BYTES`` gets a 413 before it is parsed.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Literal
 
 from fastapi import HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from app.validation import (
     MAX_LOGPROBS,
@@ -66,6 +66,8 @@ NOT_SUPPORTED = {  # fields whose non-default value this server cannot honour ye
 
 
 class ChatRequest(BaseModel):
+    model_config = ConfigDict(allow_inf_nan=False)  # NaN/inf: "finite_number", refused with 400 (decode_body)
+
     model: str | None = None  # accepted for compatibility; one model is served
     messages: list[MessageIn] = Field(min_length=1, max_length=MAX_MESSAGES)
     stream: bool = False
@@ -170,4 +172,7 @@ def decode_body(raw: bytes) -> ChatRequest:
     try:
         return ChatRequest.model_validate(data)
     except ValidationError as exc:
+        if fields := [".".join(map(str, e["loc"])) for e in exc.errors() if e["type"] == "finite_number"]:
+            raise HTTPException(400, f"{' and '.join(fields)} must be a finite number, not NaN or infinity "
+                                     f"(field '{fields[0]}').") from exc
         raise RequestValidationError(exc.errors()) from exc

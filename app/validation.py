@@ -7,6 +7,7 @@ characters, unpaired surrogates from a broken client); what cannot be served get
 
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
 
@@ -47,7 +48,12 @@ def check_message(text: str) -> str:
 
 
 def clamp_params(params: SamplingParams) -> SamplingParams:
-    """The page's sliders already keep values in range; this guards against a crafted request."""
+    """The page's sliders already keep values in range; this guards against a crafted request.
+    NaN (which every comparison calls in range, so clamping keeps it) and infinity are refused."""
+    for name in ("temperature", "top_p", "top_k", "repetition_penalty", "max_new_tokens"):
+        value = getattr(params, name)
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise InvalidInput(f"{name} must be a finite number, not {value!r}.")
 
     def clamp(value, bounds):
         return min(max(value, bounds[0]), bounds[1])

@@ -1,0 +1,107 @@
+"""The real server in front of strangers (a share link, a public Space): cross-site requests,
+guessed logins, huge uploads, NaN, and connections that never finish their request."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.config import load_config
+from tests.asks import CAPITAL
+from tests.e2e import running_app
+
+ASK = {"messages": [{"role": "user", "content": CAPITAL}], "temperature": 0, "max_tokens": 8}
+# The defaults: nothing changed yet.
+CHANGES = ""
+
+
+@pytest.fixture(scope="module")
+def config_path(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("config") / "hostile.toml"
+    path.write_text(CHANGES)
+    return path
+
+
+@pytest.fixture(scope="module")
+def config(config_path):
+    return load_config(config_path)
+
+
+@pytest.fixture(scope="module")
+def uploads(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("uploads")
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory, config_path, uploads):
+    """Bound to 127.0.0.1, without --auth or --share: as a laptop runs it."""
+    with running_app(tmp_path_factory.mktemp("app"), "--model", "bundled", "--workers", "1",
+                     "--threads-per-worker", "1", "--config", str(config_path),
+                     env={"GRADIO_TEMP_DIR": str(uploads)}) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def shared_app(tmp_path_factory, config_path):
+    # The share tunnel points at a closed local port: no test opens a real public tunnel.
+    with running_app(tmp_path_factory.mktemp("shared"), "--model", "bundled", "--workers", "1",
+                     "--threads-per-worker", "1", "--config", str(config_path), "--auth", "alice:s3cret",
+                     "--share", env={"GRADIO_SHARE_SERVER_ADDRESS": "127.0.0.1:9"}) as running:
+        yield running
+
+
+def port_of(app) -> int:
+    return int(app.url.rsplit(":", 1)[1])
+
+
+# --- 4. NaN and infinity ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field, literal", [
+    ("temperature", "NaN"), ("temperature", "Infinity"), ("top_p", "NaN"), ("top_p", "-Infinity"),
+    ("repetition_penalty", "NaN"), ("top_k", "NaN"), ("max_tokens", "1e999"), ("seed", "Infinity"),
+])
+def test_nan_or_infinity_in_the_api_is_a_400_naming_the_field(app, field, literal):
+    body = json.dumps({k: v for k, v in ASK.items() if k != field})[:-1] + f', "{field}": {literal}}}'
+    r = httpx.post(app.url + "/v1/chat/completions", content=body, timeout=60,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    assert field in message and "finite" in message
+    assert httpx.post(app.url + "/v1/chat/completions", json=ASK, timeout=120).status_code == 200
+
+
+def page_chat(app, data: str) -> dict:
+    """The page's chat event as the browser sends it, with ``data`` as raw JSON (a client
+    library refuses to encode NaN; a crafted request need not): Gradio's final message."""
+    config = httpx.get(app.url + "/config", timeout=30).json()
+    [fn] = [d["id"] for d in config["dependencies"] if d.get("api_name") == "chat"]
+    session = uuid.uuid4().hex
+    body = f'{{"data": {data}, "fn_index": {fn}, "session_hash": "{session}", "event_data": null, "trigger_id": null}}'
+    joined = httpx.post(app.url + "/gradio_api/queue/join", content=body, timeout=30,
+                        headers={"content-type": "application/json"})
+    assert joined.status_code == 200, joined.text
+    with httpx.stream("GET", app.url + "/gradio_api/queue/data", params={"session_hash": session}, timeout=120) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and (message := json.loads(line[6:])).get("msg") == "process_completed":
+                return message
+    raise AssertionError("the page's event stream ended without a result")
+
+
+@pytest.mark.parametrize("name, literal", [("temperature", "NaN"), ("top_p", "NaN"), ("repetition_penalty", "NaN")])
+def test_nan_from_the_page_gets_a_clear_message(app, name, literal):
+    """NaN passes the sliders' bounds (every comparison with it is false); the page says so."""
+    controls = {"temperature": "0.0", "top_p": "1.0", "top_k": "0", "repetition_penalty": "1.0"}
+    # the chat's inputs: message, history, system prompt, the sliders, max_new_tokens, thinking
+    data = '[{}, [], "", {temperature}, {top_p}, {top_k}, {repetition_penalty}, 32, true]'.format(
+        json.dumps(CAPITAL), **{**controls, name: literal})
+    refused = page_chat(app, data)
+    assert not refused["success"] and f"{name} must be a finite number" in refused["output"]["error"], refused
+    served = page_chat(app, '[{}, [], "", {temperature}, {top_p}, {top_k}, {repetition_penalty}, 32, true]'.format(
+        json.dumps(CAPITAL), **controls))
+    assert served["success"] and "Paris" in json.dumps(served["output"]["data"]), served
