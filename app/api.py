@@ -64,7 +64,8 @@ async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
 
 def openai_error(message: str, status: int, param: str | None = None) -> dict:
     kind = {400: "invalid_request_error", 401: "authentication_error", 413: "invalid_request_error",
-            422: "invalid_request_error", 503: "server_busy"}.get(status, "server_error")
+            415: "invalid_request_error", 421: "invalid_request_error", 422: "invalid_request_error",
+            503: "server_busy"}.get(status, "server_error")
     return {"message": message, "type": kind, "param": param, "code": status}
 
 

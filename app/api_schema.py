@@ -2,7 +2,9 @@
 
 Out-of-range fields are refused with 422 by the request model (the limits are the ones in
 ``app.validation``); NaN or infinity, and a field this server cannot honour yet, get a 400
-that names the field; a body over ``MAX_REQUEST_BYTES`` gets a 413 before it is parsed.
+that names the field; a body over ``MAX_REQUEST_BYTES`` gets a 413 before it is parsed, and
+one that is not ``application/json`` a 415 before it is read: a web page may POST
+``text/plain`` to 127.0.0.1 from any site without the browser asking first, but not JSON.
 """
 
 from __future__ import annotations
@@ -149,6 +151,7 @@ async def parse_body(request: Request) -> ChatRequest:
     """Read at most ``MAX_REQUEST_BYTES`` (413 past that, before parsing anything), then decode
     and validate in a thread: a megabytes-long history must not hold up the event loop (the
     page, /health, everyone's streams) while it is parsed."""
+    check_json_type(request.headers.get("content-type", ""))
     too_large = HTTPException(413, f"The request body is larger than {MAX_REQUEST_BYTES // 2**20} MiB; "
                                    "send a shorter conversation.")
     if int(request.headers.get("content-length") or 0) > MAX_REQUEST_BYTES:
@@ -159,6 +162,15 @@ async def parse_body(request: Request) -> ChatRequest:
         if len(raw) > MAX_REQUEST_BYTES:
             raise too_large
     return await asyncio.to_thread(decode_body, bytes(raw))
+
+
+def check_json_type(content_type: str) -> None:
+    """415 unless ``application/json`` (any case, a UTF-8 charset or none)."""
+    media, *params = [part.strip().lower() for part in content_type.split(";")]
+    charsets = [p.partition("=")[2].strip('"') for p in params if p.startswith("charset=")]
+    if media != "application/json" or any(c not in ("utf-8", "utf8") for c in charsets):
+        raise HTTPException(415, f"The request body must be JSON, sent with Content-Type: application/json "
+                                 f"(got {content_type[:100]!r}).")
 
 
 def decode_body(raw: bytes) -> ChatRequest:

@@ -9,6 +9,9 @@ thread after the server listens, so the page answers at once and says what is ha
 model: converting … GGUF to safetensors"), then shows the workers loading ("0/2 workers
 ready"). The dispatcher stops with the app, so SIGINT/SIGTERM to this process ends every
 worker.
+
+What strangers can send is bounded here, at the edge: on a loopback-only server requests
+must name a loopback host (``LoopbackHostOnly``: DNS rebinding).
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ import gradio as gr
 import uvicorn
 from fastapi import FastAPI, HTTPException
 from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 
-from app.api import build_router, http_error, validation_error
+from app.api import build_router, http_error, openai_error, validation_error
 from app.auth import AuthError, Credentials, parse_auth
 from app.backends import pool_factory
 from app.config import AppConfig, ConfigError
@@ -42,6 +46,8 @@ from workers.spec import EngineSpec
 log = logging.getLogger(__name__)
 
 GRACEFUL_SHUTDOWN_S = 3  # open page connections (Gradio's event stream) are cut after this
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")  # --host values that serve this machine only
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "[::1]"})  # Host header names (port aside) they answer
 
 
 def build_dispatcher(config: AppConfig) -> Dispatcher:
@@ -115,7 +121,39 @@ def build_app(config: AppConfig, dispatcher: Dispatcher, auth: Credentials | Non
     app.include_router(build_router(dispatcher, startup, config.sampling, auth))
     app.include_router(build_metrics_router(AppMetrics.create(dispatcher)))
     demo = build_ui(dispatcher, startup, config.system_prompt, config.sampling)
-    return gr.mount_gradio_app(app, demo, path="/", auth=auth or None, i18n=page_i18n())
+    app = gr.mount_gradio_app(app, demo, path="/", auth=auth or None, i18n=page_i18n())
+    if config.host in LOOPBACK_HOSTS and not config.share:
+        app.add_middleware(LoopbackHostOnly, port=config.port)
+    return app
+
+
+class LoopbackHostOnly:
+    """ASGI middleware of a server that listens on this machine only: a request whose Host
+    header names another site gets a 421. A web page the user visits can make the browser send
+    requests to 127.0.0.1, and with DNS rebinding (its own name re-pointed at 127.0.0.1) read
+    the replies, but the Host header still carries its name. Not installed with ``--share``
+    (the tunnel connects from 127.0.0.1 with its public name) nor for another ``--host``."""
+
+    def __init__(self, app, port: int) -> None:
+        self.app, self.port = app, port
+
+    async def __call__(self, scope, receive, send) -> None:
+        host = dict(scope.get("headers", ())).get(b"host", b"").decode("latin-1")
+        if scope["type"] not in ("http", "websocket") or not host or host_name(host) in LOOPBACK_NAMES:
+            return await self.app(scope, receive, send)
+        if scope["type"] == "websocket":
+            return await send({"type": "websocket.close", "code": 1008})
+        message = (f"This server listens on this machine only and answers requests addressed to localhost "
+                   f"or 127.0.0.1, not to {host[:100]!r}. Open http://127.0.0.1:{self.port}/ ; to serve other "
+                   "names, start it with --host 0.0.0.0 or --share.")
+        await JSONResponse({"error": openai_error(message, 421), "detail": message}, status_code=421)(
+            scope, receive, send)
+
+
+def host_name(host: str) -> str:
+    """A Host header's name without its port: ``[::1]:7860`` -> ``[::1]``, ``localhost:7860`` -> ``localhost``."""
+    host = host.strip().lower()
+    return host.partition("]")[0] + "]" if host.startswith("[") else host.partition(":")[0]
 
 
 def open_share_link(host: str, port: int) -> str | None:
@@ -138,12 +176,12 @@ def serve(config: AppConfig) -> int:
     except (AuthError, ConfigError, ModelNotFound, LayoutError) as exc:
         log.error("%s", exc)
         return 2
-    if (config.share or config.host not in ("127.0.0.1", "localhost", "::1")) and not auth:
+    if (config.share or config.host not in LOOPBACK_HOSTS) and not auth:
         log.warning("The app is reachable from other machines (%s) without --auth: anyone with "
                     "the address can use it.", "share link" if config.share else f"host {config.host}")
     app = build_app(config, dispatcher, auth)
-    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port,
-                                           log_level=config.log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
+    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
+                                           timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
     if config.share:
         _share_when_started(server, config)
     log.info("Open http://%s:%d in your browser (it shows the start-up progress)", config.host, config.port)

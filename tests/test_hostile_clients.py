@@ -59,6 +59,56 @@ def port_of(app) -> int:
     return int(app.url.rsplit(":", 1)[1])
 
 
+# --- 1. cross-site requests ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None,
+                                          "application/json; charset=latin-1"])
+def test_a_chat_post_that_is_not_json_gets_415(app, content_type):
+    """What a web page can POST to 127.0.0.1 without the browser asking first (text/plain, a
+    form) is refused before it runs; the body is valid JSON all the same."""
+    headers = {"content-type": content_type} if content_type else {}
+    r = httpx.post(app.url + "/v1/chat/completions", content=json.dumps(ASK), headers=headers, timeout=60)
+    assert r.status_code == 415, r.text
+    assert "application/json" in r.json()["error"]["message"]
+    assert r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_json_with_or_without_a_charset_is_served(app):
+    for content_type in ("application/json", "application/json; charset=utf-8", "Application/JSON;charset=UTF-8"):
+        r = httpx.post(app.url + "/v1/chat/completions", content=json.dumps(ASK),
+                       headers={"content-type": content_type}, timeout=120)
+        assert r.status_code == 200, (content_type, r.text)
+
+
+@pytest.mark.parametrize("path", ["/", "/health", "/v1/models", "/gradio_api/info", "/metrics"])
+def test_a_foreign_host_name_gets_421_on_a_loopback_server(app, path):
+    """DNS rebinding: the attacker's name, re-pointed at 127.0.0.1, is still in the Host header."""
+    r = httpx.get(app.url + path, headers={"host": f"rebind.example:{port_of(app)}"}, timeout=30)
+    assert r.status_code == 421, r.text
+    message = r.json()["error"]["message"]
+    assert "rebind.example" in message and "localhost" in message and "--host 0.0.0.0" in message
+    post = httpx.post(app.url + "/v1/chat/completions", json=ASK, headers={"host": "rebind.example"}, timeout=30)
+    assert post.status_code == 421
+
+
+@pytest.mark.parametrize("name", ["127.0.0.1", "localhost", "LOCALHOST", "[::1]"])
+def test_loopback_host_names_are_served_with_any_port(app, name):
+    for host in (name, f"{name}:{port_of(app)}", f"{name}:80"):
+        assert httpx.get(app.url + "/", headers={"host": host}, timeout=30).status_code == 200, host
+    r = httpx.post(app.url + "/v1/chat/completions", json=ASK, headers={"host": name}, timeout=120)
+    assert r.status_code == 200, r.text
+
+
+def test_a_shared_app_answers_the_tunnels_host_name(shared_app):
+    """--share: the tunnel connects from 127.0.0.1 with its public name; no Host check then."""
+    r = httpx.get(shared_app.url + "/health", headers={"host": "abcdef.gradio.live"}, timeout=30)
+    assert r.status_code == 200 and r.json()["ready"]
+    r = httpx.post(shared_app.url + "/v1/chat/completions", json=ASK, auth=shared_app.auth,
+                   headers={"host": "abcdef.gradio.live"}, timeout=120)
+    assert r.status_code == 200, r.text
+
+
 # --- 4. NaN and infinity ---------------------------------------------------------------
 
 
