@@ -11,7 +11,8 @@ ready"). The dispatcher stops with the app, so SIGINT/SIGTERM to this process en
 worker.
 
 What strangers can send is bounded here, at the edge: on a loopback-only server requests
-must name a loopback host (``LoopbackHostOnly``: DNS rebinding).
+must name a loopback host (``LoopbackHostOnly``: DNS rebinding); uploads are capped and
+deleted after a while.
 """
 
 from __future__ import annotations
@@ -121,7 +122,9 @@ def build_app(config: AppConfig, dispatcher: Dispatcher, auth: Credentials | Non
     app.include_router(build_router(dispatcher, startup, config.sampling, auth))
     app.include_router(build_metrics_router(AppMetrics.create(dispatcher)))
     demo = build_ui(dispatcher, startup, config.system_prompt, config.sampling)
-    app = gr.mount_gradio_app(app, demo, path="/", auth=auth or None, i18n=page_i18n())
+    demo.delete_cache = (config.delete_uploads_after_s,) * 2  # (how often, how old): Gradio deletes old uploads
+    app = gr.mount_gradio_app(app, demo, path="/", auth=auth or None, i18n=page_i18n(),
+                              max_file_size=int(config.max_upload_mb * 2**20))  # the page takes no files
     if config.host in LOOPBACK_HOSTS and not config.share:
         app.add_middleware(LoopbackHostOnly, port=config.port)
     return app

@@ -16,8 +16,8 @@ from tests.asks import CAPITAL
 from tests.e2e import running_app
 
 ASK = {"messages": [{"role": "user", "content": CAPITAL}], "temperature": 0, "max_tokens": 8}
-# The defaults: nothing changed yet.
-CHANGES = ""
+# Only what the tests need shorter than the defaults: uploads deleted after 2 s.
+CHANGES = "delete_uploads_after_s = 2\n"
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +107,49 @@ def test_a_shared_app_answers_the_tunnels_host_name(shared_app):
     r = httpx.post(shared_app.url + "/v1/chat/completions", json=ASK, auth=shared_app.auth,
                    headers={"host": "abcdef.gradio.live"}, timeout=120)
     assert r.status_code == 200, r.text
+
+
+# --- 3. uploads ------------------------------------------------------------------------
+
+
+def stored_bytes(uploads: Path) -> int:
+    return sum(p.stat().st_size for p in uploads.rglob("*") if p.is_file())
+
+
+def test_a_64_mb_upload_is_refused_and_not_kept(app, config, uploads):
+    cap = int(config.max_upload_mb * 2**20)
+    big = b"\0" * (64 * 2**20)
+    before = stored_bytes(uploads)
+    r = httpx.post(app.url + "/gradio_api/upload", files={"files": ("big.bin", big)}, timeout=120)
+    assert r.status_code == 413 and "maximum allowed size" in r.text, r.text[:300]
+
+    def chunked():  # no Content-Length: the cap holds while reading, too
+        boundary = b"--x\r\nContent-Disposition: form-data; name=\"files\"; filename=\"big.bin\"\r\n\r\n"
+        yield boundary
+        for start in range(0, len(big), 2**20):
+            yield big[start:start + 2**20]
+        yield b"\r\n--x--\r\n"
+
+    r = httpx.post(app.url + "/gradio_api/upload", content=chunked(), timeout=120,
+                   headers={"content-type": "multipart/form-data; boundary=x"})
+    assert r.status_code == 413, r.text[:300]
+    assert stored_bytes(uploads) - before <= cap  # nothing of the 64 MB stayed behind
+    assert app.health()["ready"]
+
+
+def test_old_uploads_are_deleted(app, config, uploads):
+    r = httpx.post(app.url + "/gradio_api/upload", files={"files": ("note.txt", b"hello")}, timeout=60)
+    assert r.status_code == 200, r.text
+    [path] = [Path(p) for p in r.json()]
+    assert path.is_file() and uploads in path.parents
+    uploaded, slowest_poll = time.monotonic(), 0.0
+    age = config.delete_uploads_after_s  # Gradio looks every `age` seconds for files older than `age`
+    while path.exists() and time.monotonic() - uploaded < 2 * age + 3 * slowest_poll:
+        polled = time.monotonic()
+        assert app.health()["ready"]
+        time.sleep(0.1)
+        slowest_poll = max(slowest_poll, time.monotonic() - polled)
+    assert not path.exists(), f"still there {time.monotonic() - uploaded:.1f} s after its upload"
 
 
 # --- 4. NaN and infinity ---------------------------------------------------------------
