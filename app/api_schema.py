@@ -17,6 +17,7 @@ from typing import Literal
 from fastapi import HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from starlette.requests import ClientDisconnect
 
 from app.validation import (
     MAX_LOGPROBS,
@@ -157,10 +158,13 @@ async def parse_body(request: Request) -> ChatRequest:
     if int(request.headers.get("content-length") or 0) > MAX_REQUEST_BYTES:
         raise too_large
     raw = bytearray()
-    async for part in request.stream():
-        raw += part
-        if len(raw) > MAX_REQUEST_BYTES:
-            raise too_large
+    try:
+        async for part in request.stream():
+            raw += part
+            if len(raw) > MAX_REQUEST_BYTES:
+                raise too_large
+    except ClientDisconnect as exc:  # gone, or cut off by the server's body timeout: no one reads this
+        raise HTTPException(400, "The client stopped sending the request body.") from exc
     return await asyncio.to_thread(decode_body, bytes(raw))
 
 

@@ -62,6 +62,8 @@ class AppConfig:
     auth: str | None = None  # "user:password" or a file of such lines; a flag, never a file default
     max_upload_mb: float = 1  # the page takes no files: the cap on Gradio's /upload
     delete_uploads_after_s: int = 3600  # uploaded files older than this are deleted (checked as often)
+    header_timeout_s: float = 10  # a request's head must arrive within this, else the connection is closed
+    body_timeout_s: float = 60  # and its body within this after the head
 
 
 def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> AppConfig:
@@ -107,7 +109,7 @@ def validate(config: AppConfig) -> None:
         raise ConfigError(f"max_batch must be at least 1, got {config.max_batch}")
     if config.kv_cache_mb < 1:
         raise ConfigError(f"kv_cache_mb must be at least 1, got {config.kv_cache_mb}")
-    for name in ("max_upload_mb", "delete_uploads_after_s"):
+    for name in ("max_upload_mb", "delete_uploads_after_s", "header_timeout_s", "body_timeout_s"):
         if not getattr(config, name) > 0:
             raise ConfigError(f"{name} must be more than 0, got {getattr(config, name)!r}")
     if config.max_queue < 0:

@@ -12,7 +12,8 @@ worker.
 
 What strangers can send is bounded here, at the edge: on a loopback-only server requests
 must name a loopback host (``LoopbackHostOnly``: DNS rebinding); uploads are capped and
-deleted after a while.
+deleted after a while; a connection must deliver its request's head and body in time
+(``TimedH11Protocol``).
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ import secrets
 import threading
 
 import gradio as gr
+import h11
 import uvicorn
 from fastapi import FastAPI, HTTPException
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from app.api import build_router, http_error, openai_error, validation_error
 from app.auth import AuthError, Credentials, parse_auth
@@ -159,6 +162,51 @@ def host_name(host: str) -> str:
     return host.partition("]")[0] + "]" if host.startswith("[") else host.partition(":")[0]
 
 
+class TimedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with the read deadlines it lacks. uvicorn 0.54 arms a timer only
+    after a response (keep-alive), so a connection that sends half a header, or a head and half
+    a body, and then nothing, holds its socket for good; a few hundred exhaust the process's
+    files. Here a request's head must arrive within ``head_s`` (of the connection opening, or of
+    its first byte on a kept-alive one) and its body within ``body_s`` of the head; else the
+    connection is closed. The phase is read from h11's state after each read: IDLE (no complete
+    head yet), SEND_BODY, or neither (the app is answering: no deadline)."""
+
+    head_s = body_s = 0.0  # set per server by timed_protocol
+
+    def connection_made(self, transport) -> None:
+        self._phase, self._deadline = None, None
+        super().connection_made(transport)
+        self._watch()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._watch()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._deadline:
+            self._deadline.cancel()
+        super().connection_lost(exc)
+
+    def _watch(self) -> None:
+        state = self.conn.their_state
+        phase = "head" if state is h11.IDLE else "body" if state is h11.SEND_BODY else None
+        if phase == self._phase:
+            return  # a deadline runs from the phase's start, not from the latest byte
+        self._phase = phase
+        if self._deadline:
+            self._deadline.cancel()
+        self._deadline = phase and self.loop.call_later(self.head_s if phase == "head" else self.body_s, self._expire)
+
+    def _expire(self) -> None:
+        self._deadline = None
+        if not self.transport.is_closing():
+            self.transport.close()  # the app, if it was reading the body, sees the client disconnect
+
+
+def timed_protocol(head_s: float, body_s: float) -> type[TimedH11Protocol]:
+    return type("TimedH11Protocol", (TimedH11Protocol,), {"head_s": head_s, "body_s": body_s})
+
+
 def open_share_link(host: str, port: int) -> str | None:
     """A public gradio.live tunnel to the local server; None (with a warning) when offline."""
     from gradio.networking import setup_tunnel
@@ -184,7 +232,8 @@ def serve(config: AppConfig) -> int:
                     "the address can use it.", "share link" if config.share else f"host {config.host}")
     app = build_app(config, dispatcher, auth)
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
-                                           timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
+                                           timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+                                           http=timed_protocol(config.header_timeout_s, config.body_timeout_s)))
     if config.share:
         _share_when_started(server, config)
     log.info("Open http://%s:%d in your browser (it shows the start-up progress)", config.host, config.port)

@@ -4,6 +4,8 @@ guessed logins, huge uploads, NaN, and connections that never finish their reque
 from __future__ import annotations
 
 import json
+import select
+import socket
 import time
 import uuid
 from pathlib import Path
@@ -16,8 +18,9 @@ from tests.asks import CAPITAL
 from tests.e2e import running_app
 
 ASK = {"messages": [{"role": "user", "content": CAPITAL}], "temperature": 0, "max_tokens": 8}
-# Only what the tests need shorter than the defaults: uploads deleted after 2 s.
-CHANGES = "delete_uploads_after_s = 2\n"
+# Only what the tests need shorter than the defaults: uploads deleted after 2 s, a body cut off
+# after 5 s. The header timeout is the default one.
+CHANGES = "delete_uploads_after_s = 2\nbody_timeout_s = 5\n"
 
 
 @pytest.fixture(scope="module")
@@ -198,3 +201,67 @@ def test_nan_from_the_page_gets_a_clear_message(app, name, literal):
     served = page_chat(app, '[{}, [], "", {temperature}, {top_p}, {top_k}, {repetition_penalty}, 32, true]'.format(
         json.dumps(CAPITAL), **controls))
     assert served["success"] and "Paris" in json.dumps(served["output"]["data"]), served
+
+
+# --- 5. connections that never finish their request -----------------------------------
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(4096) == b""
+    except ConnectionResetError:
+        return True
+    except BlockingIOError:
+        return False
+
+
+def wait_closed(app, socks: dict[socket.socket, float], deadline_after_s: float) -> dict[socket.socket, float]:
+    """Seconds from each socket's last send to the server closing it, while /health is asked
+    every pass (each on a new connection). Waits until all are closed, or, for those still open,
+    ``deadline_after_s`` plus three times the slowest /health round trip (the server's own lag now,
+    which its timers share) have passed since their send. Returns what it saw closed."""
+    closed, slowest = {}, 0.0
+    while len(closed) < len(socks):
+        asked = time.monotonic()
+        assert httpx.get(app.url + "/health", timeout=30).status_code == 200  # others are served meanwhile
+        slowest = max(slowest, time.monotonic() - asked)
+        readable, _, _ = select.select([s for s in socks if s not in closed], [], [], 0.2)
+        now = time.monotonic()
+        closed.update({s: now - socks[s] for s in readable if closed_by_server(s)})
+        if all(now - sent > deadline_after_s + 3 * slowest for s, sent in socks.items() if s not in closed):
+            break
+    return closed
+
+
+def test_half_open_connections_are_closed_within_the_header_timeout(app, config):
+    timeout = config.header_timeout_s
+    socks: dict[socket.socket, float] = {}
+    try:
+        for n in range(50):
+            sock = socket.create_connection(("127.0.0.1", port_of(app)), timeout=10)
+            sock.sendall(f"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Half-{n}: ".encode())  # half a header
+            sock.setblocking(False)
+            socks[sock] = time.monotonic()
+        closed = wait_closed(app, socks, timeout)
+        assert len(closed) == len(socks), f"{len(socks) - len(closed)} of {len(socks)} connections still open"
+        assert min(closed.values()) >= timeout * 0.95, sorted(closed.values())[:3]  # not before the timeout
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def test_a_body_that_stops_halfway_is_cut_off_within_the_body_timeout(app, config):
+    log_before = app.log().count("Exception in ASGI application")
+    sock = socket.create_connection(("127.0.0.1", port_of(app)), timeout=10)
+    try:
+        body = json.dumps(ASK).encode()
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                     b"content-length: %d\r\n\r\n" % len(body) + body[: len(body) // 2])
+        sock.setblocking(False)
+        closed = wait_closed(app, {sock: time.monotonic()}, config.body_timeout_s)
+        assert sock in closed, "the connection is still open"
+        assert closed[sock] >= config.body_timeout_s * 0.95
+    finally:
+        sock.close()
+    assert httpx.post(app.url + "/v1/chat/completions", json=ASK, timeout=120).status_code == 200
+    assert app.log().count("Exception in ASGI application") == log_before  # cut off quietly
