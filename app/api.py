@@ -34,7 +34,7 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 
 from app.api_schema import parse_body
-from app.auth import Credentials, authenticate, caller_scope
+from app.auth import Login, caller_scope
 from app.dispatcher import Dispatcher, Queued
 from app.startup import Startup
 from app.thinking import ThinkingSplit, split_thinking
@@ -65,7 +65,7 @@ async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
 def openai_error(message: str, status: int, param: str | None = None) -> dict:
     kind = {400: "invalid_request_error", 401: "authentication_error", 413: "invalid_request_error",
             415: "invalid_request_error", 421: "invalid_request_error", 422: "invalid_request_error",
-            503: "server_busy"}.get(status, "server_error")
+            429: "rate_limit_error", 503: "server_busy"}.get(status, "server_error")
     return {"message": message, "type": kind, "param": param, "code": status}
 
 
@@ -84,7 +84,7 @@ def reply_metrics(done: Done) -> dict:
 
 
 def build_router(dispatcher: Dispatcher, startup: Startup, defaults: SamplingParams,
-                 auth: Credentials | None = None) -> APIRouter:
+                 auth: Login | None = None) -> APIRouter:
     """``startup.model`` is None until the model is resolved (in the background, after listening)."""
     router = APIRouter()
     scope_of = caller_scope(auth)
@@ -96,7 +96,7 @@ def build_router(dispatcher: Dispatcher, startup: Startup, defaults: SamplingPar
     @router.get("/health")
     async def health(request: Request) -> dict:
         readiness = {"ready": dispatcher.ready_count > 0, "workers_ready": dispatcher.ready_count}
-        if auth and await authenticate(auth, request) is None:
+        if auth and not await logged_in(auth, request):
             return readiness  # a probe needs no more; paths and errors are for the operator
         model, state = startup.model, startup.snapshot()
         return {
@@ -148,6 +148,13 @@ def build_router(dispatcher: Dispatcher, startup: Startup, defaults: SamplingPar
                                                           bool(req.logprobs)))
 
     return router
+
+
+async def logged_in(login: Login, request: Request) -> bool:
+    try:
+        return await login.user(request) is not None
+    except HTTPException:  # throttled: a probe still gets the readiness
+        return False
 
 
 async def until_disconnected(request: Request, reply):

@@ -64,6 +64,8 @@ class AppConfig:
     delete_uploads_after_s: int = 3600  # uploaded files older than this are deleted (checked as often)
     header_timeout_s: float = 10  # a request's head must arrive within this, else the connection is closed
     body_timeout_s: float = 60  # and its body within this after the head
+    login_failures_max: int = 10  # wrong logins (page, Basic, Bearer) an address may make per window ...
+    login_failures_window_s: float = 60  # ... before its attempts get 429 until the oldest leaves the window
 
 
 def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> AppConfig:
@@ -109,7 +111,8 @@ def validate(config: AppConfig) -> None:
         raise ConfigError(f"max_batch must be at least 1, got {config.max_batch}")
     if config.kv_cache_mb < 1:
         raise ConfigError(f"kv_cache_mb must be at least 1, got {config.kv_cache_mb}")
-    for name in ("max_upload_mb", "delete_uploads_after_s", "header_timeout_s", "body_timeout_s"):
+    for name in ("max_upload_mb", "delete_uploads_after_s", "header_timeout_s", "body_timeout_s",
+                 "login_failures_max", "login_failures_window_s"):
         if not getattr(config, name) > 0:
             raise ConfigError(f"{name} must be more than 0, got {getattr(config, name)!r}")
     if config.max_queue < 0:

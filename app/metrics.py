@@ -1,6 +1,7 @@
 """``/metrics`` in the Prometheus text format, from a registry this app owns.
 
     curl http://127.0.0.1:7860/metrics
+    curl -u alice:s3cret http://127.0.0.1:7860/metrics   # with --auth: the API's login
     # cpu_chat_requests_total{outcome="stop"} 12.0
     # cpu_chat_time_to_first_token_seconds_bucket{le="0.5"} 9.0 ...
 
@@ -19,11 +20,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 
+from app.auth import Login, caller_scope
 from app.dispatcher import Dispatcher
 from app.dispatch_policy import WorkerState
 from workers.protocol import Done, ErrorCode, Failed
@@ -137,11 +139,14 @@ class AppMetrics:
         return encode(self.registry), content_type
 
 
-def build_metrics_router(metrics: AppMetrics) -> APIRouter:
-    """``GET /metrics``, open like ``/health``: counts and timings only, never prompts."""
+def build_metrics_router(metrics: AppMetrics, login: Login | None = None) -> APIRouter:
+    """``GET /metrics``: counts and timings, never prompts; but hostnames, worker pids and request
+    sizes too, so with ``--auth`` it wants the API's login (a Prometheus job sends it with
+    ``basic_auth`` or ``authorization: credentials``), as ``/health`` keeps them from anonymous callers."""
     router = APIRouter()
+    protected = [Depends(caller_scope(login))] if login else []
 
-    @router.get("/metrics", include_in_schema=False)
+    @router.get("/metrics", include_in_schema=False, dependencies=protected)
     async def scrape(request: Request) -> Response:
         body, content_type = metrics.render(request.headers.get("accept", ""))
         return Response(body, media_type=content_type)

@@ -13,7 +13,7 @@ worker.
 What strangers can send is bounded here, at the edge: on a loopback-only server requests
 must name a loopback host (``LoopbackHostOnly``: DNS rebinding); uploads are capped and
 deleted after a while; a connection must deliver its request's head and body in time
-(``TimedH11Protocol``).
+(``TimedH11Protocol``); logins are throttled (``app.auth``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from fastapi.responses import JSONResponse
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from app.api import build_router, http_error, openai_error, validation_error
-from app.auth import AuthError, Credentials, parse_auth
+from app.auth import AuthError, Login, LoginThrottle, PageLoginThrottle, parse_auth
 from app.backends import pool_factory
 from app.config import AppConfig, ConfigError
 from app.dispatcher import Dispatcher, DispatcherConfig
@@ -107,7 +107,7 @@ def start_in_background(config: AppConfig, dispatcher: Dispatcher, startup: Star
     threading.Thread(target=run, daemon=True, name="prepare-model").start()
 
 
-def build_app(config: AppConfig, dispatcher: Dispatcher, auth: Credentials | None = None) -> FastAPI:
+def build_app(config: AppConfig, dispatcher: Dispatcher, auth: Login | None = None) -> FastAPI:
     startup = Startup()
 
     @contextlib.asynccontextmanager
@@ -123,11 +123,13 @@ def build_app(config: AppConfig, dispatcher: Dispatcher, auth: Credentials | Non
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(HTTPException, http_error)
     app.include_router(build_router(dispatcher, startup, config.sampling, auth))
-    app.include_router(build_metrics_router(AppMetrics.create(dispatcher)))
+    app.include_router(build_metrics_router(AppMetrics.create(dispatcher), auth))
     demo = build_ui(dispatcher, startup, config.system_prompt, config.sampling)
     demo.delete_cache = (config.delete_uploads_after_s,) * 2  # (how often, how old): Gradio deletes old uploads
-    app = gr.mount_gradio_app(app, demo, path="/", auth=auth or None, i18n=page_i18n(),
+    app = gr.mount_gradio_app(app, demo, path="/", auth=auth.creds if auth else None, i18n=page_i18n(),
                               max_file_size=int(config.max_upload_mb * 2**20))  # the page takes no files
+    if auth:
+        app.add_middleware(PageLoginThrottle, login=auth)
     if config.host in LOOPBACK_HOSTS and not config.share:
         app.add_middleware(LoopbackHostOnly, port=config.port)
     return app
@@ -221,15 +223,16 @@ def open_share_link(host: str, port: int) -> str | None:
 
 def serve(config: AppConfig) -> int:
     try:
-        auth = parse_auth(config.auth) if config.auth else None
+        creds = parse_auth(config.auth) if config.auth else None
         check_spec(config.model)
         dispatcher = build_dispatcher(config)
     except (AuthError, ConfigError, ModelNotFound, LayoutError) as exc:
         log.error("%s", exc)
         return 2
-    if (config.share or config.host not in LOOPBACK_HOSTS) and not auth:
+    if (config.share or config.host not in LOOPBACK_HOSTS) and not creds:
         log.warning("The app is reachable from other machines (%s) without --auth: anyone with "
                     "the address can use it.", "share link" if config.share else f"host {config.host}")
+    auth = Login(creds, LoginThrottle(config.login_failures_max, config.login_failures_window_s)) if creds else None
     app = build_app(config, dispatcher, auth)
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
                                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,

@@ -19,8 +19,8 @@ from tests.e2e import running_app
 
 ASK = {"messages": [{"role": "user", "content": CAPITAL}], "temperature": 0, "max_tokens": 8}
 # Only what the tests need shorter than the defaults: uploads deleted after 2 s, a body cut off
-# after 5 s. The header timeout is the default one.
-CHANGES = "delete_uploads_after_s = 2\nbody_timeout_s = 5\n"
+# after 5 s, a login lock of 5 s. The header timeout is the default one.
+CHANGES = "delete_uploads_after_s = 2\nbody_timeout_s = 5\nlogin_failures_window_s = 5\n"
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +56,11 @@ def shared_app(tmp_path_factory, config_path):
                      "--threads-per-worker", "1", "--config", str(config_path), "--auth", "alice:s3cret",
                      "--share", env={"GRADIO_SHARE_SERVER_ADDRESS": "127.0.0.1:9"}) as running:
         yield running
+
+
+def from_address(address: str, **kwargs) -> httpx.Client:
+    """A client on another loopback address: to the server, another machine."""
+    return httpx.Client(transport=httpx.HTTPTransport(local_address=address), timeout=60, **kwargs)
 
 
 def port_of(app) -> int:
@@ -110,6 +115,57 @@ def test_a_shared_app_answers_the_tunnels_host_name(shared_app):
     r = httpx.post(shared_app.url + "/v1/chat/completions", json=ASK, auth=shared_app.auth,
                    headers={"host": "abcdef.gradio.live"}, timeout=120)
     assert r.status_code == 200, r.text
+
+
+# --- 2. /metrics and guessed logins under --auth --------------------------------------
+
+
+def test_metrics_need_the_login_under_auth(shared_app):
+    url = shared_app.url + "/metrics"
+    anonymous = httpx.get(url, timeout=30)
+    assert anonymous.status_code == 401
+    assert "cpu_chat" not in anonymous.text and "pid" not in anonymous.text
+    basic = httpx.get(url, auth=shared_app.auth, timeout=30)
+    assert basic.status_code == 200 and "cpu_chat_worker_info" in basic.text
+    bearer = httpx.get(url, headers={"authorization": f"Bearer {shared_app.auth[1]}"}, timeout=30)
+    assert bearer.status_code == 200 and "cpu_chat_worker_info" in bearer.text
+    assert httpx.get(shared_app.url + "/health", timeout=30).json() == {"ready": True, "workers_ready": 1}
+
+
+def test_wrong_logins_are_throttled_per_address(shared_app, config):
+    limit, window = config.login_failures_max, config.login_failures_window_s
+    url = shared_app.url + "/v1/models"
+    with from_address("127.0.0.2") as guesser, from_address("127.0.0.1") as owner:
+        for n in range(limit):  # Basic and Bearer guesses alike
+            wrong = {"auth": ("alice", f"guess{n}")} if n % 2 else {"headers": {"authorization": f"Bearer guess{n}"}}
+            assert guesser.get(url, **wrong).status_code == 401, n
+        throttled = guesser.get(url, auth=("alice", "guess-again"))
+        assert throttled.status_code == 429 and "Too many failed logins" in throttled.json()["error"]["message"]
+        wait = int(throttled.headers["retry-after"])
+        assert 0 < wait <= window
+        # while locked, even the right password from that address is refused (else each guess is still answered)
+        assert guesser.get(url, auth=shared_app.auth).status_code == 429
+        assert guesser.get(shared_app.url + "/metrics", auth=shared_app.auth).status_code == 429
+        assert guesser.get(shared_app.url + "/health", auth=shared_app.auth).json()["ready"]  # a probe still works
+        # another address logs in at once, and gets no wait
+        for _ in range(3):
+            ok = owner.get(url, auth=shared_app.auth)
+            assert ok.status_code == 200 and "retry-after" not in ok.headers
+        time.sleep(wait)
+        assert guesser.get(url, auth=shared_app.auth).status_code == 200  # the lock ends as announced
+
+
+def test_the_pages_login_form_is_throttled_too(shared_app, config):
+    limit = config.login_failures_max
+    with from_address("127.0.0.3") as guesser, from_address("127.0.0.1") as owner:
+        for n in range(limit):
+            wrong = guesser.post(shared_app.url + "/login", data={"username": "alice", "password": f"guess{n}"})
+            assert wrong.status_code == 400, (n, wrong.text)
+        throttled = guesser.post(shared_app.url + "/login", data={"username": "alice", "password": "s3cret"})
+        assert throttled.status_code == 429 and int(throttled.headers["retry-after"]) > 0
+        assert guesser.get(shared_app.url + "/v1/models", auth=shared_app.auth).status_code == 429  # one count
+        ok = owner.post(shared_app.url + "/login", data={"username": "alice", "password": "s3cret"})
+        assert ok.status_code == 200 and ok.json() == {"success": True}
 
 
 # --- 3. uploads ------------------------------------------------------------------------
