@@ -259,7 +259,8 @@ def test_auth_protects_api_and_page(private_app):
     bearer = httpx.get(url + "/v1/models", headers={"Authorization": "Bearer s3cret"}, timeout=10)
     assert bearer.status_code == 200
     assert httpx.get(url + "/config", timeout=10).status_code == 401  # the page wants a login
-    assert httpx.get(url + "/metrics", timeout=10).status_code == 200  # open: no prompts in it
+    assert httpx.get(url + "/metrics", timeout=10).status_code == 401  # hostnames, pids, sizes: behind the login
+    assert httpx.get(url + "/metrics", auth=("alice", "s3cret"), timeout=10).status_code == 200
     assert httpx.get(url + "/health", timeout=10).json() == {"ready": True, "workers_ready": 1}  # readiness only
     assert "model_source" in httpx.get(url + "/health", auth=("alice", "s3cret"), timeout=10).json()
     for docs in ("/docs", "/openapi.json"):
@@ -280,7 +281,7 @@ def test_full_queue_answers_503_busy(private_app):
                           json={"messages": [{"role": "user", "content": "hi"}]})
     assert busy.status_code == 503 and "busy" in busy.text
     assert int(busy.headers["retry-after"]) > 0  # seconds, as RFC 9110 has it
-    metrics = httpx.get(private_app.url + "/metrics", timeout=10).text
+    metrics = httpx.get(private_app.url + "/metrics", auth=auth, timeout=10).text
     assert 'cpu_chat_requests_total{outcome="rejected"} 1.0' in metrics
 
 
