@@ -10,10 +10,10 @@ model: converting … GGUF to safetensors"), then shows the workers loading ("0/
 ready"). The dispatcher stops with the app, so SIGINT/SIGTERM to this process ends every
 worker.
 
-What strangers can send is bounded here, at the edge: on a loopback-only server requests
-must name a loopback host (``LoopbackHostOnly``: DNS rebinding); uploads are capped and
-deleted after a while; a connection must deliver its request's head and body in time
-(``TimedH11Protocol``); logins are throttled (``app.auth``).
+What strangers can send is bounded at the edge: on a loopback-only server requests must name
+a loopback host, and a connection must deliver its request's head and body in time
+(``app.edge``); uploads are capped and deleted after a while (here); logins are throttled
+(``app.auth``).
 """
 
 from __future__ import annotations
@@ -25,18 +25,16 @@ import secrets
 import threading
 
 import gradio as gr
-import h11
 import uvicorn
 from fastapi import FastAPI, HTTPException
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from app.api import build_router, http_error, openai_error, validation_error
+from app.api import build_router, http_error, validation_error
 from app.auth import AuthError, Login, LoginThrottle, PageLoginThrottle, parse_auth
 from app.backends import pool_factory
 from app.config import AppConfig, ConfigError
 from app.dispatcher import Dispatcher, DispatcherConfig
+from app.edge import LOOPBACK_HOSTS, LoopbackHostOnly, timed_protocol
 from app.metrics import AppMetrics, build_metrics_router
 from app.pool import call_soon
 from app.prepare import prepare_model
@@ -50,8 +48,6 @@ from workers.spec import EngineSpec
 log = logging.getLogger(__name__)
 
 GRACEFUL_SHUTDOWN_S = 3  # open page connections (Gradio's event stream) are cut after this
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")  # --host values that serve this machine only
-LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "[::1]"})  # Host header names (port aside) they answer
 
 
 def build_dispatcher(config: AppConfig) -> Dispatcher:
@@ -133,80 +129,6 @@ def build_app(config: AppConfig, dispatcher: Dispatcher, auth: Login | None = No
     if config.host in LOOPBACK_HOSTS and not config.share:
         app.add_middleware(LoopbackHostOnly, port=config.port)
     return app
-
-
-class LoopbackHostOnly:
-    """ASGI middleware of a server that listens on this machine only: a request whose Host
-    header names another site gets a 421. A web page the user visits can make the browser send
-    requests to 127.0.0.1, and with DNS rebinding (its own name re-pointed at 127.0.0.1) read
-    the replies, but the Host header still carries its name. Not installed with ``--share``
-    (the tunnel connects from 127.0.0.1 with its public name) nor for another ``--host``."""
-
-    def __init__(self, app, port: int) -> None:
-        self.app, self.port = app, port
-
-    async def __call__(self, scope, receive, send) -> None:
-        host = dict(scope.get("headers", ())).get(b"host", b"").decode("latin-1")
-        if scope["type"] not in ("http", "websocket") or not host or host_name(host) in LOOPBACK_NAMES:
-            return await self.app(scope, receive, send)
-        if scope["type"] == "websocket":
-            return await send({"type": "websocket.close", "code": 1008})
-        message = (f"This server listens on this machine only and answers requests addressed to localhost "
-                   f"or 127.0.0.1, not to {host[:100]!r}. Open http://127.0.0.1:{self.port}/ ; to serve other "
-                   "names, start it with --host 0.0.0.0 or --share.")
-        await JSONResponse({"error": openai_error(message, 421), "detail": message}, status_code=421)(
-            scope, receive, send)
-
-
-def host_name(host: str) -> str:
-    """A Host header's name without its port: ``[::1]:7860`` -> ``[::1]``, ``localhost:7860`` -> ``localhost``."""
-    host = host.strip().lower()
-    return host.partition("]")[0] + "]" if host.startswith("[") else host.partition(":")[0]
-
-
-class TimedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with the read deadlines it lacks. uvicorn 0.54 arms a timer only
-    after a response (keep-alive), so a connection that sends half a header, or a head and half
-    a body, and then nothing, holds its socket for good; a few hundred exhaust the process's
-    files. Here a request's head must arrive within ``head_s`` (of the connection opening, or of
-    its first byte on a kept-alive one) and its body within ``body_s`` of the head; else the
-    connection is closed. The phase is read from h11's state after each read: IDLE (no complete
-    head yet), SEND_BODY, or neither (the app is answering: no deadline)."""
-
-    head_s = body_s = 0.0  # set per server by timed_protocol
-
-    def connection_made(self, transport) -> None:
-        self._phase, self._deadline = None, None
-        super().connection_made(transport)
-        self._watch()
-
-    def data_received(self, data: bytes) -> None:
-        super().data_received(data)
-        self._watch()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._deadline:
-            self._deadline.cancel()
-        super().connection_lost(exc)
-
-    def _watch(self) -> None:
-        state = self.conn.their_state
-        phase = "head" if state is h11.IDLE else "body" if state is h11.SEND_BODY else None
-        if phase == self._phase:
-            return  # a deadline runs from the phase's start, not from the latest byte
-        self._phase = phase
-        if self._deadline:
-            self._deadline.cancel()
-        self._deadline = phase and self.loop.call_later(self.head_s if phase == "head" else self.body_s, self._expire)
-
-    def _expire(self) -> None:
-        self._deadline = None
-        if not self.transport.is_closing():
-            self.transport.close()  # the app, if it was reading the body, sees the client disconnect
-
-
-def timed_protocol(head_s: float, body_s: float) -> type[TimedH11Protocol]:
-    return type("TimedH11Protocol", (TimedH11Protocol,), {"head_s": head_s, "body_s": body_s})
 
 
 def open_share_link(host: str, port: int) -> str | None:
