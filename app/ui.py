@@ -246,8 +246,11 @@ def build_ui(dispatcher: Dispatcher, startup: Startup, system_prompt: str,
         gr.Timer(1.0).tick(plots, None, [tps_plot, ttft_plot], show_progress="hidden", api_visibility="private")
         # A closed section's contents are not on the page and miss the refreshes: opened, they
         # would show what they showed when the page loaded until the next tick.
-        section.expand(panel, None, panel_text, show_progress="hidden", api_visibility="private")
-        section.expand(plots, None, [tps_plot, ttft_plot], show_progress="hidden", api_visibility="private")
+        # (Named, so that the panel's own refresh keeps the API name /panel.)
+        section.expand(panel, None, panel_text, show_progress="hidden", api_name="panel_opened",
+                       api_visibility="private")
+        section.expand(plots, None, [tps_plot, ttft_plot], show_progress="hidden", api_name="plots_opened",
+                       api_visibility="private")
     return demo
 
 

@@ -79,8 +79,11 @@ def test_another_users_reply_keeps_coming_while_a_long_prompt_prefills(one_worke
           f"longest gap meanwhile {max(during) * 1000:.1f} ms ({max(during) / usual:.1f}x); "
           f"gaps {[round(g * 1000) for g in during[:12]]} ...")
     # Typically 2-2.6x in chunks (a decode step, then a chunk of at most 1.5 steps), 1.6-1.9x
-    # apart (a step on half the threads); the benchmark
-    # reports the longest gap on the 0.5B shape against the 3x target. Here, on a machine that
-    # may be busy with other work, nine gaps in ten stay near it and a stray one is no freeze.
+    # apart (a step on half the threads); the benchmark reports the longest gap on the 0.5B
+    # shape against the 3x target. Here nine gaps in ten stay near it, and none is a freeze: a
+    # stray gap is a small part of the prompt's prefill, which in one piece would be one gap.
+    # (Not a multiple of the pace: on Zen 5 the bundled model's 7-9 ms tokens made 6x a 50 ms
+    # bound, and one gap of 111 ms in 1.6 s, with the worker's two threads and the server's
+    # sharing two cores, failed a CI run.)
     assert statistics.quantiles(during, n=10)[-1] <= 3.5 * usual
-    assert max(during) <= 6 * usual
+    assert max(during) <= (first - sent) / 8
