@@ -31,6 +31,7 @@ of France?" gets "L'Étoile…", haikus and explanations of a KV cache ramble or
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import re
 import time
@@ -54,7 +55,7 @@ from app.panel import (
 from app.speed_plot import SpeedHistory
 from app.startup import Startup
 from app.thinking import ThinkingSplit
-from app.validation import InvalidInput, check_message, clamp_params, clean_text
+from app.validation import InvalidInput, check_conversation, check_message, clamp_params, clean_text
 from workers.protocol import (
     ChatMessage,
     Chunk,
@@ -162,6 +163,7 @@ def build_ui(dispatcher: Dispatcher, startup: Startup, system_prompt: str,
         lang = request_language(request)
         try:
             user_text = check_message(message)
+            check_conversation(system or "", history or [])
         except InvalidInput as exc:
             raise gr.Error(localize(lang, str(exc))) from exc
         params = dataclasses.replace(clamp_params(SamplingParams(int(max_new_tokens), temperature, top_p, int(top_k),
@@ -170,7 +172,8 @@ def build_ui(dispatcher: Dispatcher, startup: Startup, system_prompt: str,
         session = request.session_hash if request else None
         scope = f"user:{request.username}" if request and request.username else f"browser:{session}"
         reply, shown_at = Reply(lang), 0.0
-        async for event in dispatcher.stream(history_to_messages(system, history, user_text), params, scope, session):
+        messages = await asyncio.to_thread(history_to_messages, system, history, user_text)  # up to megabytes
+        async for event in dispatcher.stream(messages, params, scope, session):
             if isinstance(event, Queued):
                 yield waiting_text(lang, dispatcher, event.position)
             elif isinstance(event, Notice):

@@ -47,6 +47,36 @@ def check_message(text: str) -> str:
     return text
 
 
+def check_conversation(system_prompt: str, history: list) -> None:
+    """The page's limits on what comes with a message, the API's own (``app.api_schema``): the
+    system prompt and each earlier message at most ``MAX_MESSAGE_CHARS``, at most
+    ``MAX_MESSAGES`` of them, and ``MAX_REQUEST_BYTES`` characters in all. Gradio caps no body,
+    and a crafted page request can carry any history: without these a stranger's megabytes were
+    cleaned on the event loop and tokenized in a worker's serve loop before being refused."""
+    if len(system_prompt) > MAX_MESSAGE_CHARS:
+        raise InvalidInput(f"The system prompt is {len(system_prompt):,} characters long; the limit is "
+                           f"{MAX_MESSAGE_CHARS:,}.")
+    if len(history) > MAX_MESSAGES:
+        raise InvalidInput(f"This conversation has {len(history):,} messages; the limit is {MAX_MESSAGES}. "
+                           "Clear the chat to start a new one.")
+    sizes = [_content_chars(turn.get("content") if isinstance(turn, dict) else turn) for turn in history]
+    if any(n > MAX_MESSAGE_CHARS for n in sizes):
+        raise InvalidInput(f"A message in this conversation is longer than {MAX_MESSAGE_CHARS:,} characters.")
+    if len(system_prompt) + sum(sizes) > MAX_REQUEST_BYTES:
+        raise InvalidInput(f"This conversation is longer than {MAX_REQUEST_BYTES:,} characters in all. "
+                           "Clear the chat to start a new one.")
+
+
+def _content_chars(content) -> int:
+    """A history entry's text length: a string, or Gradio's list of parts; anything else counts as
+    its printed size, so that no shape of content escapes the caps."""
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(_content_chars(part.get("text", "") if isinstance(part, dict) else part) for part in content)
+    return len(str(content)) if content is not None else 0
+
+
 def clamp_params(params: SamplingParams) -> SamplingParams:
     """The page's sliders already keep values in range; this guards against a crafted request.
     NaN (which every comparison calls in range, so clamping keeps it) and infinity are refused."""

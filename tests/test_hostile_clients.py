@@ -321,3 +321,17 @@ def test_a_body_that_stops_halfway_is_cut_off_within_the_body_timeout(app, confi
         sock.close()
     assert httpx.post(app.url + "/v1/chat/completions", json=ASK, timeout=120).status_code == 200
     assert app.log().count("Exception in ASGI application") == log_before  # cut off quietly
+
+
+def test_a_megabytes_long_system_prompt_is_refused_on_the_page_before_any_work(app):
+    """The page has the API's limits: a 3 MB system prompt through the Gradio client gets the
+    limit's message, no worker tokenizes it, and the page then serves the next chat."""
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    client = Client(app.url + "/", verbose=False)
+    served = sum(w["served"] for w in app.health()["workers"])
+    with pytest.raises(AppError, match="system prompt is 3,000,000 characters long"):
+        client.predict("hi", "x" * 3_000_000, 0.0, 1.0, 0, 1.0, 16, True, api_name="/chat")
+    assert sum(w["served"] for w in app.health()["workers"]) == served  # it never reached a worker
+    assert "Paris" in client.predict("Name the capital of France.", "", 0.0, 1.0, 0, 1.0, 32, True, api_name="/chat")
