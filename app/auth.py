@@ -82,7 +82,8 @@ class LoginThrottle:
     every attempt from it is refused (429) until the oldest of them leaves the window — right
     or wrong: a throttle that let a right guess through would still answer every guess. So an
     address guesses at most ``max_failures`` passwords per window; others are not affected.
-    The address is uvicorn's ``client`` (behind a proxy: what it forwards, as for scopes)."""
+    The address is uvicorn's ``client``: the peer, or what a proxy listed in
+    ``--forwarded-allow-ips`` forwards (nobody else can choose it with a header)."""
 
     MAX_ADDRESSES = 10_000  # addresses tracked at once, the stalest dropped first: memory stays bounded
 
@@ -169,7 +170,8 @@ def caller_scope(login: Login | None):
     """A FastAPI dependency naming whose conversations a request may reuse
     (``workers.generation.conversations``): the user, with ``--auth`` (else a 401, or a 429
     while throttled); without, the client's own address (a proxy in front makes its clients
-    one scope). Also the login check of ``/metrics`` and the docs."""
+    one scope, unless ``--forwarded-allow-ips`` trusts it to name them). Also the login check of
+    ``/metrics`` and the docs."""
 
     async def scope(request: Request) -> str:
         if login is None:

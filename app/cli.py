@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system-prompt")
     p.add_argument("--cache-dir", help="where converted GGUF models and prepared weights are kept")
     p.add_argument("--log-level", choices=get_args(LogLevel))
+    p.add_argument("--forwarded-allow-ips", help="proxies whose X-Forwarded-For header names the client "
+                                                 "(addresses, comma-separated, or '*'); default: none")
     return p
 
 

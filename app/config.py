@@ -66,6 +66,7 @@ class AppConfig:
     body_timeout_s: float = 60  # and its body within this after the head
     login_failures_max: int = 10  # wrong logins (page, Basic, Bearer) an address may make per window ...
     login_failures_window_s: float = 60  # ... before its attempts get 429 until the oldest leaves the window
+    forwarded_allow_ips: str = ""  # proxies whose X-Forwarded-For names the client ("": trust none)
 
 
 def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> AppConfig:

@@ -158,7 +158,9 @@ def serve(config: AppConfig) -> int:
     app = build_app(config, dispatcher, auth)
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
                                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-                                           http=timed_protocol(config.header_timeout_s, config.body_timeout_s)))
+                                           http=timed_protocol(config.header_timeout_s, config.body_timeout_s),
+                                           proxy_headers=bool(config.forwarded_allow_ips),
+                                           forwarded_allow_ips=config.forwarded_allow_ips or None))
     if config.share:
         _share_when_started(server, config)
     log.info("Open http://%s:%d in your browser (it shows the start-up progress)", config.host, config.port)
