@@ -5,7 +5,7 @@ The dispatcher and the worker speak only in these frozen dataclasses; each carri
 own channel. ``multiprocess`` pickles them with dill, so they need no hand-written codec.
 
     dispatcher ──Generate/Cancel/Shutdown──▶ worker
-    dispatcher ◀──Ready/Chunk/Done/Failed─── worker
+    dispatcher ◀──Ready/Chunk/Done/Failed/Heartbeat─── worker
 """
 
 from __future__ import annotations
@@ -158,4 +158,10 @@ class Failed:
 
 
 ToWorker = Generate | Cancel | Shutdown
-FromWorker = Ready | Notice | Chunk | Done | Failed
+@dataclass(frozen=True)
+class Heartbeat:
+    """The worker's serve loop is alive: sent between steps when it has sent nothing else for
+    a while, so the pool can tell a stopped worker (SIGSTOP, a deadlock) from a busy one."""
+
+
+FromWorker = Ready | Notice | Chunk | Done | Failed | Heartbeat
