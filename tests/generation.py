@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from workers.generation.engine import Engine, Finished
+from workers.generation.prompt import Prompt
 from workers.protocol import SamplingParams
 
 
-def generate(engine: Engine, ids: list[int], params: SamplingParams, scope: str = "",
+def generate(engine: Engine, prompt: Prompt, params: SamplingParams, scope: str = "",
              session_id: str | None = None, chunk_tokens: int | None = None) -> tuple[str, Finished]:
     """The reply's text and how it ended (the prompt prefilled ``chunk_tokens`` at a time: the
     same calls as a chunked prefill makes, so on the same kernel paths)."""
-    seq = engine.begin(ids, params, scope, session_id)
+    seq = engine.begin(prompt, params, scope, session_id)
     first = None
     while seq.pending:
         first = engine.prefill(seq, chunk_tokens)
@@ -22,14 +23,14 @@ def generate(engine: Engine, ids: list[int], params: SamplingParams, scope: str 
     return text + end.tail_text, end
 
 
-def prefill_within_steps(engine: Engine, ids: list[list[int]], params: SamplingParams,
+def prefill_within_steps(engine: Engine, prompts: list[Prompt], params: SamplingParams,
                          chunk_tokens: int) -> tuple[list[str], int]:
     """The first prompts start and decode together; the last is prefilled ``chunk_tokens`` at a
     time inside their decode steps' calls (``Engine.step(seqs, chunk_of=...)``), then decodes
     with them. Each reply's text, and the calls its prefill took."""
     assert engine.decoder.fuses_chunks
-    decoding = [engine.start(i, params)[0] for i in ids[:-1]]
-    late = engine.begin(ids[-1], params)
+    decoding = [engine.start(p, params)[0] for p in prompts[:-1]]
+    late = engine.begin(prompts[-1], params)
     calls = 0
     while late.pending:
         before = [len(s.generated) for s in decoding]

@@ -16,7 +16,7 @@ def engine(request, tiny_qwen, tmp_path_factory):
 
 
 def turn(engine, messages):
-    return engine.prompt(messages, GREEDY.max_new_tokens).ids
+    return engine.prompt(messages, GREEDY.max_new_tokens)
 
 
 def test_a_guessed_session_id_reaches_nothing_of_another_user(engine):
@@ -29,7 +29,7 @@ def test_a_guessed_session_id_reaches_nothing_of_another_user(engine):
     assert bob.metrics.cached_prompt_tokens == 0
     nxt = turn(engine, alice + [ChatMessage("assistant", answer), ChatMessage("user", "go on")])
     _, again = generate(engine, nxt, GREEDY, "user:alice")  # no session id: an SDK replaying history
-    assert again.metrics.cached_prompt_tokens >= len(ids) - 1
+    assert again.metrics.cached_prompt_tokens >= len(ids.ids) - 1
 
 
 def test_a_second_conversation_copies_the_shared_prefix_and_leaves_the_first_whole(engine):
@@ -39,17 +39,17 @@ def test_a_second_conversation_copies_the_shared_prefix_and_leaves_the_first_who
     answer, _ = generate(engine, ids_first, GREEDY, "user:a")
     ids_other = turn(engine, [system, ChatMessage("user", "what about mountains?")])
     _, other = generate(engine, ids_other, GREEDY, "user:a")
-    shared = next(i for i, (x, y) in enumerate(zip(ids_first, ids_other, strict=False)) if x != y)
+    shared = next(i for i, (x, y) in enumerate(zip(ids_first.ids, ids_other.ids, strict=False)) if x != y)
     assert other.metrics.cached_prompt_tokens == shared > 0  # the system prompt, reused
     nxt = turn(engine, first + [ChatMessage("assistant", answer), ChatMessage("user", "and?")])
     _, back = generate(engine, nxt, GREEDY, "user:a")
-    assert back.metrics.cached_prompt_tokens >= len(ids_first) - 1  # the first conversation kept all of it
+    assert back.metrics.cached_prompt_tokens >= len(ids_first.ids) - 1  # the first conversation kept all of it
 
 
 def test_kept_caches_make_way_and_live_replies_stay_within_the_budget(tiny_qwen, tmp_path):
     probe = make_engine(str(tiny_qwen), "fp32", tmp_path, max_context_tokens=256)
     ids = turn(probe, [ChatMessage("user", "hello there, how are you today?")])
-    need = probe.kv_need(ids, GREEDY)
+    need = probe.kv_need(ids.ids, GREEDY)
     engine = make_engine(str(tiny_qwen), "fp32", tmp_path, max_context_tokens=256, kv_cache_bytes=need * 3 // 2)
     generate(engine, ids, GREEDY, "user:a")
     assert engine.conversations.kept  # kept while nothing else needs the memory

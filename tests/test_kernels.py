@@ -55,7 +55,7 @@ def greedy_answer(bundled_model, kernel: str, prefill: str, cache_dir, question:
     tokenizer = AutoTokenizer.from_pretrained(bundled_model.path)
     engine = Engine(lean(bundled_model, kernel, cache_dir, prefill), tokenizer, {tokenizer.eos_token_id},
                     EngineConfig(max_context_tokens=load_config().max_context_tokens))
-    ids = engine.prompt([ChatMessage("user", question)], 32).ids
+    ids = engine.prompt([ChatMessage("user", question)], 32)
     params = SamplingParams(temperature=0.0, top_k=0, top_p=1.0, repetition_penalty=1.0, max_new_tokens=24)
     return generate(engine, ids, params)[0]
 

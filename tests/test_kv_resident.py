@@ -36,7 +36,7 @@ def test_kept_caches_are_evicted_by_what_they_hold(decoder):
         cache = decoder.new_cache()
         decoder.forward(torch.arange(10, 110), cache, logits=False)
         cache.truncate(10)  # what lookup does for a next turn that shares only the start
-        kept.keep(scope, None, list(range(10, 20)), cache)
+        kept.keep(scope, None, list(range(10, 20)), cache, ())
     assert [k.scope for k in kept.kept] == ["b"]  # 2 x 100 tokens held do not fit in 150: a is evicted
-    kept.keep("c", None, [], decoder.new_cache())  # cancelled before its prompt: nothing worth keeping
+    kept.keep("c", None, [], decoder.new_cache(), ())  # cancelled before its prompt: nothing worth keeping
     assert [k.scope for k in kept.kept] == ["b"]

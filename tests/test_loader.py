@@ -51,7 +51,7 @@ def test_local_qwen2_directory_loads_and_generates(tiny_qwen, cache_dir):
     loaded = load(EngineSpec.hf(model.path))
     assert loaded.decoder.model.config.model_type == "qwen2"
     engine = Engine(loaded.decoder, loaded.tokenizer, loaded.stop_ids, EngineConfig(max_context_tokens=256))
-    ids = engine.prompt([ChatMessage("user", "hi")], 4).ids
+    ids = engine.prompt([ChatMessage("user", "hi")], 4)
     _, end = generate(engine, ids, SamplingParams(temperature=0, max_new_tokens=4))
     assert end.metrics.completion_tokens >= 1
 

@@ -113,7 +113,7 @@ def test_a_whole_prompt_prefilled_on_either_path_stays_close_to_fp32(ort_engine,
 
 def test_greedy_answers_and_batched_sequences_match_the_reference(ort_engine, fp32_engine):
     prompts = [CAPITAL, "Name three colours.", "What is 2 + 2?"]
-    ids = [ort_engine.prompt([ChatMessage("user", q)], 24).ids for q in prompts]
+    ids = [ort_engine.prompt([ChatMessage("user", q)], 24) for q in prompts]
     alone = [generate(ort_engine, i, GREEDY)[0] for i in ids]
     assert "Paris" in alone[0]
     assert alone[0] == generate(fp32_engine, ids[0], GREEDY)[0]
@@ -129,7 +129,7 @@ def test_greedy_answers_and_batched_sequences_match_the_reference(ort_engine, fp
 def test_replies_joining_and_leaving_a_batch_keep_their_own_answers(ort_engine):
     """Sequences move into one batch's slots and out again as others join and finish."""
     prompts = ["Name three colours.", CAPITAL, "What is 2 + 2?"]
-    ids = [ort_engine.prompt([ChatMessage("user", q)], 24).ids for q in prompts]
+    ids = [ort_engine.prompt([ChatMessage("user", q)], 24) for q in prompts]
     alone = [generate(ort_engine, i, GREEDY)[0] for i in ids]
     live, done = [], {}
     for k, i in enumerate(ids):  # a new reply joins every 3 steps; finished ones leave
@@ -151,7 +151,7 @@ def test_a_prompt_prefilled_within_the_others_decode_steps_changes_no_answer(ort
     the int8 graph whatever the prefill path (a whole prompt may run on the fp32 twin), so
     the late one is as it is alone with its prompt prefilled on int8."""
     prompts = [CAPITAL, "Name three colours.", "Please say, in one short sentence, what a river is."]
-    ids = [ort_engine.prompt([ChatMessage("user", q)], 24).ids for q in prompts]
+    ids = [ort_engine.prompt([ChatMessage("user", q)], 24) for q in prompts]
     decoder = ort_engine.decoder
     alone = [generate(ort_engine, i, GREEDY)[0] for i in ids[:-1]]
     path, decoder.prefill = decoder.prefill, "same"
@@ -160,24 +160,24 @@ def test_a_prompt_prefilled_within_the_others_decode_steps_changes_no_answer(ort
     finally:
         decoder.prefill = path
     together, calls = prefill_within_steps(ort_engine, ids, GREEDY, chunk_tokens=5)
-    assert calls == -(-len(ids[-1]) // 5)
+    assert calls == -(-len(ids[-1].ids) // 5)
     assert [t.strip() for t in together] == [a.strip() for a in alone]
 
 
 def test_the_next_turn_and_another_conversation_reuse_the_cache(ort_engine):
     first = [ChatMessage("user", CAPITAL)]
-    ids = ort_engine.prompt(first, 24).ids
+    ids = ort_engine.prompt(first, 24)
     reply, _ = generate(ort_engine, ids, GREEDY, scope="s", session_id="a")
-    longer = ort_engine.prompt([*first, ChatMessage("assistant", reply), ChatMessage("user", "And of Italy?")], 24).ids
+    longer = ort_engine.prompt([*first, ChatMessage("assistant", reply), ChatMessage("user", "And of Italy?")], 24)
     again, end = generate(ort_engine, longer, GREEDY, scope="s", session_id="a")
-    assert end.metrics.cached_prompt_tokens >= len(ids)  # the first turn's KV grew into the second's
+    assert end.metrics.cached_prompt_tokens >= len(ids.ids)  # the first turn's KV grew into the second's
     assert again == generate(ort_engine, longer, GREEDY)[0] and "Rome" in again  # as from an empty cache
-    other = ort_engine.prompt([*first, ChatMessage("assistant", reply), ChatMessage("user", "And of Spain?")], 24).ids
+    other = ort_engine.prompt([*first, ChatMessage("assistant", reply), ChatMessage("user", "And of Spain?")], 24)
     third, end = generate(ort_engine, other, GREEDY, scope="s", session_id="b")
-    assert end.metrics.cached_prompt_tokens >= len(ids)  # a copy of the shared prefix
+    assert end.metrics.cached_prompt_tokens >= len(ids.ids)  # a copy of the shared prefix
     assert third == generate(ort_engine, other, GREEDY)[0]
     again_kept = [k for k in ort_engine.conversations.kept if k.session_id == "a"][-1]
-    assert again_kept.ids[: len(longer)] == longer  # copying left the other conversation's cache whole
+    assert again_kept.ids[: len(longer.ids)] == longer.ids  # copying left the other conversation's cache whole
 
 
 def test_the_app_serves_it(tmp_path, ort_graph):

@@ -58,7 +58,7 @@ def long_messages(scope: str) -> tuple[ChatMessage, ...]:
 def alone(engine, rid: str, messages, params, scope: str) -> str:
     """The reply with nothing else in the batch; the prompt in ``APART_TOKENS`` chunks on all the
     threads, as it prefills apart (so activations are batched the same way)."""
-    seq = engine.begin(engine.prompt(list(messages), params.max_new_tokens).ids, params, scope)
+    seq = engine.begin(engine.prompt(list(messages), params.max_new_tokens), params, scope)
     steps = []
     while seq.pending:
         steps.append(engine.prefill(seq, APART_TOKENS))

@@ -82,7 +82,7 @@ def warm_up(engine, tokens: int) -> None:
     allocator growth) of any path they will take."""
     params = SamplingParams(temperature=0.0, max_new_tokens=tokens)
     for batch, prompt in [(None, None), *([engine.decoder.halves] if engine.decoder.halves else [])]:
-        seqs = [engine.begin(engine.prompt(list(m), tokens).ids, params) for m in WARMUP_MESSAGES]
+        seqs = [engine.begin(engine.prompt(list(m), tokens), params) for m in WARMUP_MESSAGES]
         for seq in seqs:
             engine.prefill(seq, decoder=prompt)
         while any(seq.reason is None for seq in seqs):

@@ -5,9 +5,16 @@ session, else the API client's address (the app decides; no scope, nothing kept)
 its own scope's caches, so nobody learns from ``cached_tokens`` or the time to first token
 how much of someone else's conversation they guessed, nor evicts it by sending its id.
 
-**Matched on token ids.** Within its scope, a prompt takes the kept cache that shares its
-longest token-id prefix, so an OpenAI client that resends the whole history each turn gets
-the cache without knowing about sessions. A ``session_id`` is only a hint inside the scope:
+**Matched on token ids, reused in whole turns.** Within its scope, a prompt takes the kept
+cache that shares its longest token-id prefix, so an OpenAI client that resends the whole
+history each turn gets the cache without knowing about sessions. But never up to a place
+inside one of the kept conversation's messages (``Prompt.spans``, and its reply so far):
+callers behind one address, one NAT or one shared login share a scope, and a prefix that
+ended inside someone's message would let a stranger read it a token at a time from
+``cached_tokens`` or the time to first token ("My PIN is 0" … "9", then the next digit).
+Reused in whole turns, a guess learns nothing unless it reproduces a whole earlier message;
+the next turn, a retry, an edit and a shared system prompt all share whole messages, so
+they lose nothing. A ``session_id`` is only a hint inside the scope:
 it breaks ties, and lets a conversation that went back (retry, edit) take its own cache.
 A cache that only shares an early part with the prompt (two conversations with the same
 system prompt) is copied up to the shared part, so the other conversation keeps its own.
@@ -35,6 +42,13 @@ class Kept:
     session_id: str | None
     ids: list[int]  # token ids whose keys/values are in ``cache``
     cache: KVCache
+    spans: tuple[tuple[int, int], ...]  # where its messages lie in ``ids``: never reused up to inside one
+
+
+def whole_turns(shared: int, spans: tuple[tuple[int, int], ...]) -> int:
+    """How much of a ``shared`` prefix may be reused: all of it, unless it ends inside a
+    message, then up to where that message starts."""
+    return next((start for start, end in spans if start < shared < end), shared)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -90,15 +104,15 @@ class Conversations:
                ) -> tuple[object, int]:
         """A cache for ``prompt_ids`` holding its longest kept prefix in ``scope``, and that
         length; a copy is made with room for ``capacity`` tokens."""
-        best, best_len = None, 0
+        best, common = None, 0
         for kept in self.kept if scope else ():
             if kept.scope != scope:
                 continue
-            n = common_prefix(kept.ids, prompt_ids)
+            shared = min(common_prefix(kept.ids, prompt_ids), len(prompt_ids) - 1)  # one token left, for the logits
+            n = whole_turns(shared, kept.spans)
             hinted = session_id is not None and kept.session_id == session_id
-            if n > best_len or (n == best_len and n > 0 and hinted):
-                best, best_len = kept, n
-        common = min(best_len, len(prompt_ids) - 1)  # at least one token to prefill, for the logits
+            if n > common or (n == common and n > 0 and hinted):
+                best, common = kept, n
         if best is None or common <= 0:
             return self.new_cache(), 0
         own = session_id is not None and best.session_id == session_id
@@ -108,11 +122,13 @@ class Conversations:
             return best.cache, common
         return best.cache.copy_prefix(common, capacity), common  # another conversation's: leave it whole
 
-    def keep(self, scope: str, session_id: str | None, ids: list[int], cache) -> None:
-        """Keep a finished turn's cache (most recently used), within what the budget leaves over;
-        a turn without a scope (the warm-up, a test) is nobody's to continue, nor one that holds
-        no token (cancelled before its prompt prefilled)."""
+    def keep(self, scope: str, session_id: str | None, ids: list[int], cache,
+             spans: tuple[tuple[int, int], ...]) -> None:
+        """Keep a finished turn's cache (most recently used), within what the budget leaves over,
+        never to be reused up to inside one of its ``spans``; a turn without a scope (the warm-up,
+        a test) is nobody's to continue, nor one that holds no token (cancelled before its
+        prompt prefilled)."""
         if not scope or not ids:
             return
-        self.kept.append(Kept(scope, session_id, ids, cache))
+        self.kept.append(Kept(scope, session_id, ids, cache, spans))
         self._evict()

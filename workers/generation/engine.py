@@ -62,6 +62,7 @@ class Sequence:
     """One request being generated: its cache, sampled tokens, text state and timings."""
 
     prompt_ids: list[int]
+    prompt_spans: tuple[tuple[int, int], ...]  # where its messages' contents lie (``Prompt.spans``)
     params: SamplingParams
     scope: str  # whose conversation (workers.generation.conversations)
     session_id: str | None
@@ -123,20 +124,23 @@ class Engine:
 
     # generation ----------------------------------------------------------------------
 
-    def start(self, prompt_ids: list[int], params: SamplingParams, scope: str = "", session_id: str | None = None,
+    def start(self, prompt: Prompt, params: SamplingParams, scope: str = "", session_id: str | None = None,
               key: str = "") -> tuple[Sequence, Step | None]:
         """Prefill (only what the conversation cache lacks) and sample the first token."""
-        seq = self.begin(prompt_ids, params, scope, session_id, key)
+        seq = self.begin(prompt, params, scope, session_id, key)
         return seq, self.prefill(seq)
 
-    def begin(self, prompt_ids: list[int], params: SamplingParams, scope: str = "", session_id: str | None = None,
+    def begin(self, prompt: Prompt, params: SamplingParams, scope: str = "", session_id: str | None = None,
               key: str = "") -> Sequence:
-        """A sequence for this prompt, holding its scope's longest cached prefix; nothing computed
-        yet. Its KV memory is committed now (check ``fits`` first to stay within the budget)."""
+        """A sequence for this prompt, holding its scope's longest cached prefix (in whole turns);
+        nothing computed yet. Its KV memory is committed now (check ``fits`` first to stay within
+        the budget)."""
+        prompt_ids = prompt.ids
         budget = self._budget(prompt_ids, params)
         seq = Sequence(
             key=key,
             prompt_ids=list(prompt_ids),
+            prompt_spans=prompt.spans,
             params=params,
             scope=scope,
             session_id=session_id,
@@ -250,7 +254,9 @@ class Engine:
         self.conversations.release(seq.kv_bytes)
         seq.kv_bytes = 0  # released once, whatever happens next
         in_cache = (seq.prompt_ids + seq.generated)[: seq.cache.length]
-        self.conversations.keep(seq.scope, seq.session_id, in_cache, seq.cache)  # a stopped turn's is useful too
+        reply = ((len(seq.prompt_ids), len(in_cache)),)  # reusable whole or not at all, like a message
+        self.conversations.keep(seq.scope, seq.session_id, in_cache, seq.cache,  # a stopped turn's is useful too
+                                seq.prompt_spans + reply)
         n = len(seq.generated)
         decode_s = seq.last_token_at - seq.first_token_at
         metrics = Metrics(

@@ -2,11 +2,13 @@
 
     ids = encode_chat(tokenizer, messages)                       # the chat template, safely
     prompt = build_prompt(tokenizer, messages, max_prompt_tokens)  # oldest turns dropped to fit
+    prompt.ids, prompt.spans                                     # its ids, where each message's content lies
     stop = stop_token_ids(tokenizer, generation_config_eos)      # where a reply ends
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import secrets
 from collections.abc import Callable
@@ -23,8 +25,15 @@ END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn
 
 @dataclass(frozen=True)
 class Prompt:
+    """A chat's token ids, and where in them each message's content lies.
+
+    A kept KV cache is never reused up to a place inside a ``span``
+    (``workers.generation.conversations``): a prefix that ended inside someone's message
+    would tell a guesser how much of it they guessed."""
+
     ids: list[int]
-    dropped_turns: int  # oldest user/assistant messages left out to fit the context
+    dropped_turns: int = 0  # oldest user/assistant messages left out to fit the context
+    spans: tuple[tuple[int, int], ...] = ()  # each message's content: ids[start:end], in order
 
 
 PLACEHOLDER = "cpuchat{nonce}m{index}x"  # a message's content while the template renders
@@ -68,7 +77,14 @@ def _added_pattern(tokenizer) -> re.Pattern | None:
 
 def encode_chat(tokenizer, messages: list[ChatMessage], enable_thinking: bool | None = None,
                 contents: Callable[[ChatMessage], list[int]] | None = None) -> list[int]:
-    """Token ids of the chat template applied to ``messages``, with a generation prompt.
+    """Token ids of the chat template applied to ``messages``, with a generation prompt
+    (``encode_turns``' ids)."""
+    return encode_turns(tokenizer, messages, enable_thinking, contents).ids
+
+
+def encode_turns(tokenizer, messages: list[ChatMessage], enable_thinking: bool | None = None,
+                 contents: Callable[[ChatMessage], list[int]] | None = None) -> Prompt:
+    """The chat template applied to ``messages``, with a generation prompt, as a ``Prompt``.
 
     ``enable_thinking`` goes to the template as the variable Qwen3's template reads (False:
     its prompt closes an empty ``<think></think>``, so the model answers at once); None
@@ -88,13 +104,15 @@ def encode_chat(tokenizer, messages: list[ChatMessage], enable_thinking: bool | 
     except TemplateError as exc:  # the template's own raise_exception ("roles must alternate", ...)
         raise InvalidInput(f"The model's chat template refused this conversation: {exc}") from exc
     ids: list[int] = []
+    spans: list[tuple[int, int]] = []
     for i, piece in enumerate(found.split(rendered)):  # the template's text, an index, text, ...
         if i % 2:
-            message = messages[int(piece)]
+            message, start = messages[int(piece)], len(ids)
             ids += contents(message) if contents else content_ids(tokenizer, message)
+            spans.append((start, len(ids)))
         elif piece:
             ids += tokenizer(piece, add_special_tokens=False).input_ids
-    return ids
+    return Prompt(ids, spans=tuple(spans))
 
 
 def build_prompt(tokenizer, messages: list[ChatMessage], max_prompt_tokens: int,
@@ -123,12 +141,12 @@ def build_prompt(tokenizer, messages: list[ChatMessage], max_prompt_tokens: int,
         earliest -= 1  # turns before ``earliest`` can never fit: their contents alone overflow
     starts = sorted({earliest, len(turns) - 1} | {i for i, m in enumerate(turns) if m.role == "user" and i >= earliest})
 
-    def fits(start: int) -> list[int] | None:
-        ids = encode_chat(tokenizer, system + turns[start:], enable_thinking, contents)
-        return ids if len(ids) <= max_prompt_tokens else None
+    def fits(start: int) -> Prompt | None:
+        prompt = encode_turns(tokenizer, system + turns[start:], enable_thinking, contents)
+        return prompt if len(prompt.ids) <= max_prompt_tokens else None
 
-    if (ids := fits(starts[0])) is not None:
-        return Prompt(ids=ids, dropped_turns=starts[0])
+    if (prompt := fits(starts[0])) is not None:
+        return dataclasses.replace(prompt, dropped_turns=starts[0])
     low, high = 0, len(starts) - 1  # starts[low] does not fit; find the first that does
     last = fits(starts[high])
     if last is None:
@@ -141,11 +159,11 @@ def build_prompt(tokenizer, messages: list[ChatMessage], max_prompt_tokens: int,
     best = (starts[high], last)
     while high - low > 1:
         middle = (low + high) // 2
-        if (ids := fits(starts[middle])) is not None:
-            high, best = middle, (starts[middle], ids)
+        if (prompt := fits(starts[middle])) is not None:
+            high, best = middle, (starts[middle], prompt)
         else:
             low = middle
-    return Prompt(ids=best[1], dropped_turns=best[0])
+    return dataclasses.replace(best[1], dropped_turns=best[0])
 
 
 def stop_token_ids(tokenizer, generation_eos: int | list[int] | None) -> set[int]:

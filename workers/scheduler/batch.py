@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from workers.errors import RequestError
 from workers.generation.engine import Engine, Sequence, Step
+from workers.generation.prompt import Prompt
 from workers.protocol import Cancel, Chunk, Done, ErrorCode, Failed, FinishReason, Generate, Metrics, Notice, Shutdown
 from workers.scheduler.prefill import PrefillStrategy, PromptApart, Stopped, strategy_for
 
@@ -31,7 +32,7 @@ class Admitted:
     """A request whose prompt is built, and the KV memory it will commit."""
 
     request: Generate
-    prompt_ids: list[int]
+    prompt: Prompt
     kv_bytes: int
 
 
@@ -95,7 +96,7 @@ class Batch:
         if prompt.dropped_turns:
             self.conn.send(Notice(rid, f"The conversation is longer than the context window: its oldest "
                                        f"{prompt.dropped_turns} messages were left out of this reply's prompt."))
-        self.waiting[rid] = Admitted(req, prompt.ids, need)
+        self.waiting[rid] = Admitted(req, prompt, need)
         self._settle()
         if rid in self.waiting:
             self.conn.send(Notice(rid, "This worker's memory for conversations is full: your reply starts as "
@@ -191,7 +192,7 @@ class Batch:
                 del self.waiting[rid]
                 req, started = admitted.request, True
                 try:
-                    self.active[rid] = self.engine.begin(admitted.prompt_ids, req.params, req.scope,
+                    self.active[rid] = self.engine.begin(admitted.prompt, req.params, req.scope,
                                                          req.session_id, key=rid)
                 except Exception as exc:  # noqa: BLE001 - this request fails; the others go on
                     log.exception("starting request %s failed", rid)
