@@ -7,10 +7,11 @@
     GET  /docs, /openapi.json   the API's documentation (with --auth: to a logged-in caller)
 
 What a client may send is ``app.api_schema``'s; a message the model cannot take gets 400;
-a busy server 503 with Retry-After. A request's scope (``app.auth.caller_scope``) decides
-whose kept conversations it may reuse. Both the last streamed chunk and the plain response
-carry ``usage`` and a ``metrics`` object (worker, prompt/completion tokens, TTFT, decode
-tokens/s), and ``logprobs`` when asked for.
+a busy server 503 with Retry-After; a caller with ``caller_queue`` requests already waiting
+429 with Retry-After. A request's scope (``app.auth.caller_scope``) decides whose kept
+conversations it may reuse, and is the caller the per-caller caps count. Both the last
+streamed chunk and the plain response carry ``usage`` and a ``metrics`` object (worker,
+prompt/completion tokens, TTFT, decode tokens/s), and ``logprobs`` when asked for.
 
 A reasoning model's ``<think>…</think>`` comes back as ``reasoning_content`` (in the message,
 or in the stream's deltas), apart from ``content``, as Qwen3's OpenAI-compatible servers do;
@@ -41,8 +42,9 @@ from app.thinking import ThinkingSplit, split_thinking
 from app.validation import InvalidInput
 from workers.protocol import Chunk, Done, ErrorCode, Failed, Notice, SamplingParams, TokenLogprob
 
-STATUS_FOR = {ErrorCode.INVALID_REQUEST: 400, ErrorCode.BUSY: 503, ErrorCode.UNAVAILABLE: 503, ErrorCode.INTERNAL: 500}
-RETRY_AFTER_S = {ErrorCode.BUSY: 5}  # tells a client when trying again makes sense
+STATUS_FOR = {ErrorCode.INVALID_REQUEST: 400, ErrorCode.BUSY: 503, ErrorCode.TOO_MANY: 429,
+              ErrorCode.UNAVAILABLE: 503, ErrorCode.INTERNAL: 500}
+RETRY_AFTER_S = {ErrorCode.BUSY: 5, ErrorCode.TOO_MANY: 5}  # tells a client when trying again makes sense
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
 
 
@@ -135,7 +137,7 @@ def build_router(dispatcher: Dispatcher, startup: Startup, defaults: SamplingPar
             messages = await asyncio.to_thread(req.chat_messages)  # cleans megabytes, maybe: off the loop
         except InvalidInput as exc:
             raise HTTPException(400, str(exc)) from exc
-        events = dispatcher.stream(messages, req.sampling(defaults), scope, req.session_id)
+        events = dispatcher.stream(messages, req.sampling(defaults), scope, req.session_id, caller=scope)
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         first = await anext(events)  # a refusal (queue full, prompt too long) becomes an HTTP status
         if isinstance(first, Failed):

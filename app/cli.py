@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--auth", help="protect page and API: user:password, or a file of such lines")
     p.add_argument("--max-batch", type=int, help="replies each worker generates together (batched decode)")
     p.add_argument("--max-queue", type=int, help="requests that may wait for a worker")
+    p.add_argument("--caller-slots", type=int, help="slots one caller may hold while others wait (0: no cap)")
+    p.add_argument("--caller-queue", type=int, help="requests one caller may have waiting; more get 429 (0: no cap)")
     p.add_argument("--kv-cache-mb", type=int, help="per worker: KV cache memory of its replies and kept conversations")
     p.add_argument("--system-prompt")
     p.add_argument("--cache-dir", help="where converted GGUF models and prepared weights are kept")

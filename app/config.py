@@ -64,9 +64,12 @@ class AppConfig:
     delete_uploads_after_s: int = 3600  # uploaded files older than this are deleted (checked as often)
     header_timeout_s: float = 10  # a request's head must arrive within this, else the connection is closed
     body_timeout_s: float = 60  # and its body within this after the head
+    heartbeat_timeout_s: float = 30  # a ready worker silent this long (it beats every 1 s) is killed, restarted
     login_failures_max: int = 10  # wrong logins (page, Basic, Bearer) an address may make per window ...
     login_failures_window_s: float = 60  # ... before its attempts get 429 until the oldest leaves the window
     forwarded_allow_ips: str = ""  # proxies whose X-Forwarded-For names the client ("": trust none)
+    caller_slots: int = 2  # slots past which one caller's waiters let other callers' go first (0: no cap)
+    caller_queue: int = 16  # requests one caller may have waiting; the next gets 429 (0: no cap)
 
 
 def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> AppConfig:
@@ -113,11 +116,12 @@ def validate(config: AppConfig) -> None:
     if config.kv_cache_mb < 1:
         raise ConfigError(f"kv_cache_mb must be at least 1, got {config.kv_cache_mb}")
     for name in ("max_upload_mb", "delete_uploads_after_s", "header_timeout_s", "body_timeout_s",
-                 "login_failures_max", "login_failures_window_s"):
+                 "heartbeat_timeout_s", "login_failures_max", "login_failures_window_s"):
         if not getattr(config, name) > 0:
             raise ConfigError(f"{name} must be more than 0, got {getattr(config, name)!r}")
-    if config.max_queue < 0:
-        raise ConfigError(f"max_queue must be 0 or more, got {config.max_queue}")
+    for name in ("max_queue", "caller_slots", "caller_queue"):
+        if not isinstance(getattr(config, name), int) or getattr(config, name) < 0:
+            raise ConfigError(f"{name} must be 0 or more, got {getattr(config, name)!r}")
     for name, choices in (("dtype", get_args(Dtype)), ("quantize", get_args(Quantize)),
                           ("engine", get_args(Engine)), ("backend", get_args(Backend)), ("log_level", get_args(LogLevel)),
                           ("kernel", ("auto", *KERNELS))):

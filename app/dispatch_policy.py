@@ -1,12 +1,16 @@
-"""The dispatcher's view of each worker — its slots and what they hold — and the policy
-that picks a worker for the next request (``pick_worker``): least loaded, round-robin among
-equals, sticky to the worker that holds a conversation's KV cache."""
+"""The dispatcher's view of each worker — its slots and what they hold — and the policies
+that pick a worker for the next request (``pick_worker``: least loaded, round-robin among
+equals, sticky to the worker that holds a conversation's KV cache) and the waiting request
+that gets the next free slot (``next_in_line``: first come first served, except that a caller
+holding ``caller_slots`` or more lets the others' waiters go first; ``serving_order``: the
+places in line that follow from it)."""
 
 from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from app.pool import WorkerProcess
@@ -120,3 +124,42 @@ def pick_worker(workers: Sequence[WorkerHandle], last: int, prefer: int | None =
         if w.id == prefer:
             return w
     return min(open_, key=lambda w: (len(w.active), (w.id - last - 1) % len(workers)), default=None)
+
+
+def under_cap(caller: str, held: Mapping[str, int], cap: int) -> bool:
+    """``caller`` holds fewer than ``cap`` slots; ``cap`` 0, and the caller ``""`` (warm-up,
+    internal calls), have no cap."""
+    return not cap or not caller or held.get(caller, 0) < cap
+
+
+def next_in_line(callers: Sequence[str], held: Mapping[str, int], cap: int) -> int | None:
+    """Which waiter gets the next free slot, given each waiter's caller in arrival order and
+    the slots each caller holds: the first whose caller is under ``cap``. A caller at its cap
+    keeps its place and its own order, but lets the others' waiters behind it go first; when
+    every waiting caller is at its cap the first waiter is served anyway, so a slot nobody
+    else waits for is never left idle (one caller alone is never slowed). None: nobody waits."""
+    if not callers:
+        return None
+    return next((i for i, caller in enumerate(callers) if under_cap(caller, held, cap)), 0)
+
+
+def serving_order(callers: Sequence[str], held: Mapping[str, int], cap: int) -> list[int]:
+    """The waiters (indexes into ``callers``) in the order they will get slots as things
+    stand: ``next_in_line`` again and again, each waiter served counting as one more slot its
+    caller holds. The replies running now are assumed to keep their slots: when one of a
+    waiting caller's own replies ends first, that caller may move up, and a newcomer under
+    its cap goes ahead of callers at theirs, so places are told again whenever they change."""
+    held = dict(held)
+    queues: dict[str, deque[int]] = {}
+    for i, caller in enumerate(callers):
+        queues.setdefault(caller, deque()).append(i)
+    order = []
+    while queues:
+        heads = [(queue[0], caller) for caller, queue in queues.items()]
+        i, caller = min([h for h in heads if under_cap(h[1], held, cap)] or heads)
+        order.append(i)
+        queues[caller].popleft()
+        if not queues[caller]:
+            del queues[caller]
+        held[caller] = held.get(caller, 0) + 1
+    return order

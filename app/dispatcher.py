@@ -4,8 +4,16 @@
                              │ no         (least-loaded worker,                             (one per worker pipe)
                              ▼             or the one holding the conversation's KV cache)
                      FIFO of waiters (bounded); a slot freed by Done/Failed goes to the first
+                     (the first whose caller holds fewer than ``caller_slots``, if any waits)
 
 A conversation returns to the worker that holds its KV cache (``app.routing``).
+
+Who asks (``caller``: an API user or client address, a browser session) is kept apart from
+``scope`` (whose kept conversations a request may reuse), so that one caller cannot shut
+everyone else out: a caller holding ``caller_slots`` slots still queues, but its waiters let
+other callers' go first (``app.dispatch_policy.next_in_line``; with nobody else waiting it
+is served at once, so one caller alone is not slowed), and a caller with ``caller_queue``
+requests waiting is refused the next (``ErrorCode.TOO_MANY``: the API's 429).
 
 All dispatcher state lives on the event loop thread; the workers themselves (processes,
 pipes, respawn) are ``app.pool``'s, which reports their messages and deaths on that thread.
@@ -33,7 +41,8 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
-from app.dispatch_policy import Progress, WorkerHandle, WorkerSnapshot, WorkerState, pick_worker
+from app.dispatch_policy import (Progress, WorkerHandle, WorkerSnapshot, WorkerState, next_in_line, pick_worker,
+                                  serving_order)
 from app.pool import ProcessPool
 from app.routing import Routes
 from workers.host.cores import WorkerLayout
@@ -48,7 +57,9 @@ GIVE_UP_AFTER_CRASHES = 2  # every worker crashed this often in a row, none read
 
 @dataclass(frozen=True)
 class Queued:
-    """Local event: the request is waiting; ``position`` 1 is next in line."""
+    """Local event: the request is waiting; ``position`` 1 is next in line. It is the place in
+    ``serving_order``: how many waiters get a slot before it as things stand, plus one; it can
+    also grow (a newcomer whose caller holds fewer slots goes ahead) and is told again then."""
 
     position: int
 
@@ -60,7 +71,9 @@ class Waiter:
 
     request_id: str
     future: asyncio.Future
+    caller: str = ""
     moved: asyncio.Event = field(default_factory=asyncio.Event)
+    position: int = 0  # its place in line, from the last ``_queue_moved``
 
 
 Observer = Callable[[Done | Failed], None]  # gets each request's final event
@@ -82,6 +95,8 @@ class DispatcherConfig:
     engine_config: EngineConfig
     engine: EngineSpec | None = None  # None: given to ``start`` once the model is ready
     log_level: int = logging.INFO
+    caller_slots: int = 0  # slots past which a caller's waiters let other callers' go first (0: no cap)
+    caller_queue: int = 0  # requests one caller may have waiting; the next is refused (0: no cap)
 
 
 class Dispatcher:
@@ -98,6 +113,8 @@ class Dispatcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiters: deque[Waiter] = deque()
         self._channels: dict[str, asyncio.Queue] = {}
+        self._callers: dict[str, str] = {}  # request_id -> its caller, while it holds a slot
+        self._held: dict[str, int] = {}  # caller -> slots it holds (callers "" not counted)
         self._routes = Routes()
         self._last = -1
 
@@ -159,23 +176,27 @@ class Dispatcher:
             if isinstance(msg, Done):
                 worker.served += 1
                 worker.last_done = msg
-            worker.active.discard(msg.request_id)
+            self._free(worker, msg.request_id)
             worker.progress.pop(msg.request_id, None)
             worker.settle()
             self._hand_out()
 
-    def _on_exit(self, worker_id: int, code: int | None) -> None:
+    def _on_exit(self, worker_id: int, code: int | None, reason: str | None = None) -> None:
+        """``reason``: why the pool killed it (e.g. "stopped answering (…)"), else None."""
         worker = self._by_id[worker_id]
         worker.state = WorkerState.DEAD
         code_text = "unknown" if code is None else code  # a Ray actor's is not known
+        what = reason or f"stopped unexpectedly (exit code {code_text})"
         for request_id in sorted(worker.active):
-            self._deliver(Failed(request_id, f"The worker generating this reply stopped "
-                                 f"unexpectedly (exit code {code_text}). It is being restarted; "
-                                 f"please send your message again.", ErrorCode.UNAVAILABLE))
-        worker.active.clear()
+            self._deliver(Failed(request_id, f"The worker generating this reply {what}. It is being "
+                                 f"restarted; please send your message again.", ErrorCode.UNAVAILABLE))
+        for request_id in list(worker.active):
+            self._free(worker, request_id)
         worker.progress.clear()
         if self.failing:  # nobody would ever serve the waiting requests: tell them now
             self._turn_away_waiters()
+        else:  # their callers hold fewer slots now: the order of those waiting may change
+            self._queue_moved()
 
     @property
     def failing(self) -> bool:
@@ -200,24 +221,33 @@ class Dispatcher:
     # leasing --------------------------------------------------------------------------
 
     def _hand_out(self) -> None:
-        """Give free slots to waiting requests, first come first served."""
-        while self._waiters:
-            worker = pick_worker(self.workers, self._last)
-            if worker is None:
-                return
-            waiter = self._waiters.popleft()
-            if waiter.future.done():  # the client gave up while waiting
-                continue
-            waiter.future.set_result(self._lease(worker, waiter.request_id))
+        """Give free slots to waiting requests: first come first served, except that the
+        waiters of a caller holding ``caller_slots`` let the others' go first (``next_in_line``)."""
+        served = False
+        while True:
+            self._waiters = deque(w for w in self._waiters if not w.future.done())  # gave up while waiting
+            if not self._waiters or (worker := pick_worker(self.workers, self._last)) is None:
+                break
+            waiter = self._waiters[next_in_line([w.caller for w in self._waiters], self._held,
+                                                self.config.caller_slots)]
+            self._waiters.remove(waiter)
+            waiter.future.set_result(self._lease(worker, waiter.request_id, waiter.caller))
             waiter.moved.set()  # its wait is over
+            served = True
+        if served:
             self._queue_moved()
 
     def _queue_moved(self) -> None:
-        """Tell every waiter that its place in line may have changed."""
+        """Work out every waiter's place in line (``serving_order``) and tell each one that it
+        may have changed."""
+        live = [w for w in self._waiters if not w.future.done()]
+        order = serving_order([w.caller for w in live], self._held, self.config.caller_slots)
+        for place, i in enumerate(order, 1):
+            live[i].position = place
         for waiter in self._waiters:
             waiter.moved.set()
 
-    def _lease(self, worker: WorkerHandle, request_id: str) -> Lease:
+    def _lease(self, worker: WorkerHandle, request_id: str, caller: str = "") -> Lease:
         """A slot for the request, and its channel at once: whatever happens to the worker
         from now on (it may die before the request is even sent) reaches the request."""
         lease = Lease(worker, asyncio.Queue())
@@ -225,21 +255,45 @@ class Dispatcher:
         worker.active.add(request_id)
         worker.settle()
         self._last = worker.id
+        if caller:
+            self._callers[request_id] = caller
+            self._held[caller] = self._held.get(caller, 0) + 1
         return lease
 
-    async def _acquire(self, request_id: str, prefer: int | None) -> AsyncIterator[Queued | Lease]:
+    def _free(self, worker: WorkerHandle, request_id: str) -> None:
+        """The request's slot is free again (its caller holds one fewer)."""
+        worker.active.discard(request_id)
+        if (caller := self._callers.pop(request_id, None)) is not None:
+            self._held[caller] -= 1
+            if not self._held[caller]:
+                del self._held[caller]
+
+    def waiting(self, caller: str) -> int:
+        """How many of ``caller``'s requests wait for a slot."""
+        return sum(w.caller == caller and not w.future.done() for w in self._waiters)
+
+    async def _acquire(self, request_id: str, prefer: int | None,
+                       caller: str = "") -> AsyncIterator[Queued | Lease | Failed]:
         """Yield ``Queued`` updates while waiting, then the lease of a slot for ``request_id``
-        (on worker ``prefer`` if it has room); nothing more when the queue is full or the
-        workers cannot start."""
+        (on worker ``prefer`` if it has room); a ``Failed`` when the queue, or the caller's
+        share of it, is full; nothing when the workers cannot start."""
         if self.queue_depth == 0:
             worker = pick_worker(self.workers, self._last, prefer)
             if worker is not None:
-                yield self._lease(worker, request_id)
+                yield self._lease(worker, request_id, caller)
                 return
-        if self.queue_depth >= self.config.max_queue:
+        limit = self.config.caller_queue
+        if caller and limit and self.waiting(caller) >= limit:
+            yield Failed(request_id, f"You already have {limit} requests waiting for a worker, the most one "
+                         f"caller may have (caller_queue = {limit}). Please wait for one of them to finish, "
+                         "then try again.", ErrorCode.TOO_MANY)
             return
-        waiter = Waiter(request_id, self._loop.create_future())
+        if self.queue_depth >= self.config.max_queue:
+            yield self._busy(request_id)
+            return
+        waiter = Waiter(request_id, self._loop.create_future(), caller)
         self._waiters.append(waiter)
+        self._queue_moved()  # a newcomer under its cap goes ahead of waiters whose callers are at theirs
         position = None
         try:
             while not waiter.future.done():
@@ -259,15 +313,19 @@ class Dispatcher:
             raise
         yield waiter.future.result()
 
+    def _busy(self, request_id: str) -> Failed:
+        return Failed(request_id, f"The server is busy: {self.queue_depth} requests are already "
+                      "waiting. Please try again in a minute.", ErrorCode.BUSY)
+
     def _release_unused(self, worker: WorkerHandle, request_id: str) -> None:
         self._channels.pop(request_id, None)
-        worker.active.discard(request_id)
+        self._free(worker, request_id)
         worker.settle()
         self._hand_out()
 
     def queue_position(self, waiter: Waiter) -> int:
-        live = [w for w in self._waiters if not w.future.done()]
-        return live.index(waiter) + 1 if waiter in live else 0
+        """Its place in line (see ``Queued``); 0 once it no longer waits."""
+        return waiter.position if waiter in self._waiters and not waiter.future.done() else 0
 
     # the one public call --------------------------------------------------------------
 
@@ -277,37 +335,43 @@ class Dispatcher:
         params: SamplingParams,
         scope: str = "",
         session_id: str | None = None,
+        *,
+        caller: str = "",
     ) -> AsyncIterator[Queued | Notice | Chunk | Done | Failed]:
-        """Run one chat completion for ``scope`` (who asks: its kept conversations are the only
-        ones it can reuse, and ``""`` keeps none; ``session_id`` is a hint within it); yields
-        until exactly one ``Done`` or ``Failed``.
+        """Run one chat completion for ``scope`` (whose kept conversations are the only ones
+        it can reuse, and ``""`` keeps none; ``session_id`` is a hint within it); yields until
+        exactly one ``Done`` or ``Failed``. ``caller`` is who asks, for the per-caller caps
+        (``caller_slots``, ``caller_queue``); ``""``: none (warm-up, internal calls).
 
         Leaving the loop early (Stop, a closed tab, a dropped connection) sends ``Cancel``;
         the worker stays leased until it confirms with its ``Done``.
         """
         request_id = uuid.uuid4().hex
         routes = self._routes.keys(scope, messages, session_id)
-        lease = None
+        lease, refused = None, None
         if self.start_error is None and not self.failing:
-            acquire = self._acquire(request_id, self._routes.find(routes))
+            acquire = self._acquire(request_id, self._routes.find(routes), caller)
             try:
                 async for event in acquire:
                     if isinstance(event, Queued):
                         yield event
+                    elif isinstance(event, Failed):
+                        refused = event
                     else:
                         lease = event
             finally:  # a client that leaves while queued gives up its place at once
                 await acquire.aclose()
-        if lease is None:  # the queue was full, the workers cannot start, or keep crashing
-            if self.start_error is not None:
+        if lease is None:  # the queue (or the caller's share) was full, the workers cannot start or keep crashing
+            if refused is not None:
+                failed = refused
+            elif self.start_error is not None:
                 failed = Failed(request_id, f"The server could not start its workers: {self.start_error}",
                                 ErrorCode.UNAVAILABLE)
             elif self.failing:
                 failed = Failed(request_id, "Every worker keeps stopping while it loads the model, so no reply "
                                 "can be made; the server log says why. It keeps retrying.", ErrorCode.UNAVAILABLE)
-            else:
-                failed = Failed(request_id, f"The server is busy: {self.queue_depth} requests are already "
-                                "waiting. Please try again in a minute.", ErrorCode.BUSY)
+            else:  # turned away while waiting, and the workers recovered meanwhile
+                failed = self._busy(request_id)
             self._notify(failed)
             yield failed
             return

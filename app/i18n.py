@@ -149,6 +149,9 @@ MESSAGES_ZH = [
      "对话超出了上下文窗口：最早的 {0} 条消息没有放入本次回复的提示词。"),
     (r"The server is busy: (\d+) requests are already waiting\. Please try again in a minute\.",
      "服务器繁忙：已有 {0} 个请求在排队。请一分钟后再试。"),
+    ((r"You already have (\d+) requests waiting for a worker, the most one caller may have "
+      r"\(caller_queue = (\d+)\)\. Please wait for one of them to finish, then try again\."),
+     "您已有 {0} 个请求在等待 worker，这是每个调用方的上限（caller_queue = {1}）。请等其中一个完成后再试。"),
     ((r"The worker generating this reply stopped unexpectedly \(exit code (.*?)\)\. It is being restarted; "
       r"please send your message again\."),
      "生成此回复的 worker 意外退出（退出码 {0}），正在重启；请重新发送消息。"),

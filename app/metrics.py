@@ -37,10 +37,11 @@ TPOT_BUCKETS_S = (0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
 
 
 def outcome(final: Done | Failed) -> str:
-    """``rejected``: turned away before generating (queue full, a prompt too long to serve)."""
+    """``rejected``: turned away before generating (queue full, the caller's share of it full,
+    a prompt too long to serve)."""
     if isinstance(final, Done):
         return final.finish_reason.value
-    if final.code in (ErrorCode.INVALID_REQUEST, ErrorCode.BUSY):
+    if final.code in (ErrorCode.INVALID_REQUEST, ErrorCode.BUSY, ErrorCode.TOO_MANY):
         return "rejected"
     return "error"
 

@@ -64,6 +64,8 @@ def build_dispatcher(config: AppConfig) -> Dispatcher:
         layouts=layouts,
         max_batch=config.max_batch,
         max_queue=config.max_queue,
+        caller_slots=config.caller_slots,
+        caller_queue=config.caller_queue,
         engine_config=EngineConfig(max_context_tokens=config.max_context_tokens,
                                    kv_cache_bytes=config.kv_cache_mb * 2**20),
         log_level=logging.getLevelName(config.log_level.upper()),

@@ -171,9 +171,10 @@ def build_ui(dispatcher: Dispatcher, startup: Startup, system_prompt: str,
                                      enable_thinking=None if thinking else False)
         session = request.session_hash if request else None
         scope = f"user:{request.username}" if request and request.username else f"browser:{session}"
+        caller = f"browser:{session}"  # for the per-caller caps: each tab, also of a login testers share
         reply, shown_at = Reply(lang), 0.0
         messages = await asyncio.to_thread(history_to_messages, system, history, user_text)  # up to megabytes
-        async for event in dispatcher.stream(messages, params, scope, session):
+        async for event in dispatcher.stream(messages, params, scope, session, caller=caller):
             if isinstance(event, Queued):
                 yield waiting_text(lang, dispatcher, event.position)
             elif isinstance(event, Notice):
@@ -183,7 +184,7 @@ def build_ui(dispatcher: Dispatcher, startup: Startup, system_prompt: str,
                 if time.monotonic() - shown_at >= UPDATE_INTERVAL_S:  # the rest goes with a later token or the end
                     shown_at = time.monotonic()
                     yield reply.messages()
-            elif isinstance(event, Failed) and event.code is ErrorCode.BUSY:
+            elif isinstance(event, Failed) and event.code in (ErrorCode.BUSY, ErrorCode.TOO_MANY):
                 raise gr.Error(localize(lang, event.message))  # nothing was said yet: a notice, not a reply
             elif isinstance(event, Failed):
                 reply.close(f"{ERROR_PREFIX}{localize(lang, event.message)}")

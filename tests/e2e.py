@@ -66,7 +66,10 @@ def start_app(tmp_path: Path, *args: str, ready_timeout_s: float = 240, env: dic
         cwd=ROOT, stdout=log_path.open("w"), stderr=subprocess.STDOUT,
         env={**os.environ, **(env or {})},
     )
-    login = args[args.index("--auth") + 1].split(":", 1) if "--auth" in args else None
+    auth = args[args.index("--auth") + 1] if "--auth" in args else None
+    if auth and Path(auth).is_file():  # a file of logins: /health's details with its first
+        auth = Path(auth).read_text().split()[0]
+    login = auth.split(":", 1) if auth else None
     app = RunningApp(process, f"http://127.0.0.1:{port}", log_path, auth=tuple(login) if login else None)
     deadline = time.monotonic() + ready_timeout_s
     while time.monotonic() < deadline:

@@ -13,7 +13,7 @@
         └── PromptTooLong      its newest message does not fit the context window (400)
 
 A request is refused in one way only: as the ``workers.protocol.Failed`` event that ends
-its stream, with an ``ErrorCode`` (invalid, busy, unavailable, internal) that the API maps
+its stream, with an ``ErrorCode`` (invalid, busy, too many, unavailable, internal) that the API maps
 to a status code and the page shows in the reply. ``RequestError``s raised while a
 request is checked become exactly that.
 

@@ -144,6 +144,7 @@ class ErrorCode(str, enum.Enum):
 
     INVALID_REQUEST = "invalid_request"  # the user can fix it (e.g. message too long)
     BUSY = "busy"  # every worker busy and the queue full: try again in a minute
+    TOO_MANY = "too_many"  # this caller already has caller_queue requests waiting (API: 429)
     UNAVAILABLE = "unavailable"  # try again (worker crashed and restarts, server stopping)
     INTERNAL = "internal"  # a bug: logged with its traceback
 
