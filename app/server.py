@@ -11,7 +11,8 @@ ready"). The dispatcher stops with the app, so SIGINT/SIGTERM to this process en
 worker.
 
 What strangers can send is bounded at the edge: on a loopback-only server requests must name
-a loopback host, and a connection must deliver its request's head and body in time
+a loopback host, a connection must deliver its request's head and body in time, and the page
+loads images from this server only, so a reply cannot make readers' browsers call out
 (``app.edge``); uploads are capped and deleted after a while (here); logins are throttled
 (``app.auth``).
 """
@@ -34,7 +35,7 @@ from app.auth import AuthError, Login, LoginThrottle, PageLoginThrottle, parse_a
 from app.backends import pool_factory
 from app.config import AppConfig, ConfigError
 from app.dispatcher import Dispatcher, DispatcherConfig
-from app.edge import LOOPBACK_HOSTS, LoopbackHostOnly, timed_protocol
+from app.edge import LOOPBACK_HOSTS, LoopbackHostOnly, OwnImagesOnly, timed_protocol
 from app.metrics import AppMetrics, build_metrics_router
 from app.pool import call_soon
 from app.prepare import prepare_model
@@ -130,6 +131,7 @@ def build_app(config: AppConfig, dispatcher: Dispatcher, auth: Login | None = No
         app.add_middleware(PageLoginThrottle, login=auth)
     if config.host in LOOPBACK_HOSTS and not config.share:
         app.add_middleware(LoopbackHostOnly, port=config.port)
+    app.add_middleware(OwnImagesOnly)  # the outermost: on every response, refusals included
     return app
 
 

@@ -87,7 +87,36 @@ def model_words(content: str) -> str:
     content = _NOTICE_RE.sub("", content)
     for suffix in (STATS_PREFIX, ERROR_PREFIX):
         content = content.split(suffix, 1)[0]
-    return content
+    return images_back(content)
+
+
+# Code, where markdown renders nothing: a fenced block, to its closing fence or the end of the
+# text (indented too: LLMs put code in list items), or an inline code span, between equal runs
+# of backticks within one paragraph (an escaped backtick opens none; past 2,000 characters it
+# is taken for text, which bounds the work an unmatched run of backticks costs).
+_CODE = r"""
+    ^[ \t]*(?: (?P<ticks_fence>`{3,})(?!`)[^`\n]* | (?P<tilde_fence>~{3,})(?!~)[^\n]* )
+        (?: \n.*? (?: ^[ \t]*(?: (?P=ticks_fence)`* | (?P=tilde_fence)~* )[ \t]*$ | \Z ) | \Z )
+  | (?<![`\\])(?P<ticks>`+)(?!`) (?: (?!\n[ \t]*\n). ){1,2000}? (?<!`)(?P=ticks)(?!`)
+"""
+_IMAGE_OPEN = re.compile(rf"(?P<code>{_CODE}) | !\[", re.MULTILINE | re.DOTALL | re.VERBOSE)
+
+
+def inert_images(markdown: str) -> str:
+    """The model's text with its markdown images shown as what they are: ``![x](url)`` reads
+    ``![x](url)`` on the page (its ``[`` escaped), so nothing is fetched and the reader sees
+    where it pointed instead of a broken image. The page's Content-Security-Policy already
+    stops the browser fetching other sites' images (``app.edge``); this is for the reader, and
+    a second line for markdown images. HTML ``<img>`` is left to the policy. Code is left as it
+    is: an image there is not rendered anyway."""
+    return _IMAGE_OPEN.sub(lambda m: m["code"] or "!\\[", markdown) if "![" in markdown else markdown
+
+
+def images_back(markdown: str) -> str:
+    """``inert_images`` undone, for the model's next prompt: its own words as it wrote them
+    (but for a ``!\\[`` it wrote itself, which becomes ``![``). A plain replace, not a parse:
+    this runs on every earlier reply a request brings, up to megabytes."""
+    return markdown.replace("!\\[", "![")
 
 
 def history_to_messages(system_prompt: str, history: list[dict], message: str) -> list[ChatMessage]:
@@ -139,7 +168,7 @@ class Reply:
 
     def messages(self) -> str | list[dict]:
         """A plain string without thinking (as before); else the thinking block, then the answer."""
-        body = self.notes + self.answer + self.end
+        body = self.notes + inert_images(self.answer) + self.end
         if not self.thinking.strip():
             return body
         done = self.thought_s is not None
@@ -147,7 +176,7 @@ class Reply:
                 "status": "done" if done else "pending"}
         if done:
             meta["duration"] = round(self.thought_s, 1)
-        shown = [{"role": "assistant", "content": self.thinking.strip(), "metadata": meta}]
+        shown = [{"role": "assistant", "content": inert_images(self.thinking.strip()), "metadata": meta}]
         return shown + ([{"role": "assistant", "content": body}] if body else [])
 
 

@@ -11,15 +11,19 @@ is 1280×1000, a laptop's, where the chat must be in view without scrolling.
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
 
+from app.edge import PAGE_POLICY
 from app.ui import EXAMPLES
 from tests.asks import CAPITAL, EXAMPLE_ANSWERS, LONG
 from tests.e2e import ROOT, running_app
@@ -265,3 +269,71 @@ def test_every_example_gets_a_short_right_answer(app):
         choice = reply["choices"][0]
         assert answer in choice["message"]["content"], (example, choice)
         assert choice["finish_reason"] == "stop", (example, choice)
+
+
+GIF = bytes.fromhex("47494638396101000100800000ffffff00000021f90401000000002c00000000010001000002024401003b")
+
+
+@pytest.fixture
+def beacon():
+    """Another site, to the page: an HTTP server on another port of 127.0.0.1 that answers every
+    GET with a 1×1 GIF and keeps the paths it was asked for."""
+    hits: list[str] = []
+
+    class Beacon(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            hits.append(self.path)
+            self.send_response(200)
+            self.send_header("content-type", "image/gif")
+            self.send_header("content-length", str(len(GIF)))
+            self.end_headers()
+            self.wfile.write(GIF)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Beacon)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield SimpleNamespace(url=f"http://127.0.0.1:{server.server_address[1]}", hits=hits)
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_chat_loads_images_from_the_app_only(app, page, beacon):
+    """The chat renders markdown and the HTML it allows, so an image in a reply (a prompt
+    injection's beacon, with the conversation in its address) would be fetched by every
+    reader's browser. The page's Content-Security-Policy lets images and media come from the
+    app only. Here a message with such images goes through the chat's own rendering (a user's
+    message is rendered as a reply is; a reply's images are also shown as text, see
+    tests/unit/test_reply_images.py): the beacon is never asked, the app's own image loads."""
+    html = httpx.get(app.url + "/", timeout=30)
+    assert html.headers["content-type"].startswith("text/html")
+    assert html.headers["content-security-policy"] == PAGE_POLICY
+    assert PAGE_POLICY == "img-src 'self' data: blob:; media-src 'self' data: blob:"  # nothing else restricted
+
+    control = page.context.browser.new_page()  # without the app's policy, this browser does load the beacon's image
+    control.set_content(f'<img src="{beacon.url}/control.gif">')
+    wait_for(lambda: beacon.hits == ["/control.gif"], 10)
+    control.close()
+
+    page.get_by_role("button", name="Clear").first.click()
+    page.evaluate("window.refused = [];"
+                  "document.addEventListener('securitypolicyviolation', e => window.refused.push(e.blockedURI))")
+    send(page, f"Look: ![a]({beacon.url}/markdown.gif) <img src=\"{beacon.url}/html.gif\"> "
+               f"<video src=\"{beacon.url}/video.mp4\" autoplay></video> and ![ours]({app.url}/favicon.ico)")
+    images = page.locator("[data-testid='user'] img")
+
+    def all_settled():
+        """the message's three images are on the page, each loaded or failed"""
+        states = images.evaluate_all("imgs => imgs.map(i => i.complete && [i.src, i.naturalWidth])")
+        return len(states) == 3 and all(states) and dict(states)
+    widths = wait_for(all_settled, 10)
+    assert widths[f"{app.url}/favicon.ico"] > 0  # the app's own image is shown
+    assert widths[f"{beacon.url}/markdown.gif"] == widths[f"{beacon.url}/html.gif"] == 0
+    expected = {f"{beacon.url}/{name}" for name in ("markdown.gif", "html.gif", "video.mp4")}
+    wait_for(lambda: set(page.evaluate("window.refused")) == expected, 10)  # refused by the policy
+    time.sleep(0.5)
+    assert beacon.hits == ["/control.gif"], beacon.hits
+    page.screenshot(path=OUTPUT / "6-no-outside-images.png", full_page=True)
+    if page.locator("button.stop-button").is_visible():
+        page.locator("button.stop-button").click()  # the model's answer to that is not the point

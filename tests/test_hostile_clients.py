@@ -117,6 +117,41 @@ def test_a_shared_app_answers_the_tunnels_host_name(shared_app):
     assert r.status_code == 200, r.text
 
 
+def test_a_shared_apps_page_works_under_the_tunnels_name_and_loads_its_own_images(shared_app):
+    """--share: the page's policy allows images from 'self', which is the name the page was
+    reached by: in a browser that resolves the tunnel's name to this server, the login, the
+    page, its own images and a reply all work, and the response carries the policy."""
+    from tests.test_browser import CHROMIUM, CHROMIUM_ARGS
+
+    if not CHROMIUM.exists():
+        pytest.skip("/usr/bin/chromium is missing: apt-get install chromium")
+    from playwright.sync_api import sync_playwright
+
+    page_url = f"http://abcdef.gradio.live:{port_of(shared_app)}"
+    html = httpx.get(shared_app.url + "/", headers={"host": page_url.split("//")[1]}, timeout=30)
+    assert html.status_code == 200 and "img-src 'self'" in html.headers["content-security-policy"]
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM),
+                                     args=[*CHROMIUM_ARGS, "--host-resolver-rules=MAP abcdef.gradio.live 127.0.0.1"])
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(30_000)
+            page.goto(page_url + "/")
+            page.locator("input[type=password]").wait_for()  # Gradio's login form
+            page.locator("input").first.fill(shared_app.auth[0])
+            page.locator("input[type=password]").fill(shared_app.auth[1])
+            page.locator("input[type=password]").press("Enter")
+            box = page.locator("textarea[data-testid='textbox']").first
+            box.fill(f"{CAPITAL} ![ours]({page_url}/favicon.ico)")
+            box.press("Enter")
+            image = page.locator("[data-testid='user'] img")
+            image.wait_for()
+            page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=image.element_handle())
+            page.locator("[data-testid='bot']").filter(has_text="tokens/s").wait_for(timeout=60_000)
+        finally:
+            browser.close()
+
+
 # --- 2. /metrics and guessed logins under --auth --------------------------------------
 
 
