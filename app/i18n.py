@@ -141,6 +141,8 @@ TABLES = {"en": EN, "zh": ZH}
 MESSAGES_ZH = [
     (r"The message is empty\. Type something to send\.", "消息为空，请输入内容后再发送。"),
     (r"The message is ([\d,]+) characters long; the limit is ([\d,]+)\.", "消息长 {0} 个字符，上限为 {1} 个。"),
+    (r"(\w+) must be a whole number from (\S+) to (\S+), not (.*)\.", "{0} 必须是 {1} 到 {2} 之间的整数，而不是 {3}。"),
+    (r"(\w+) must be a number from (\S+) to (\S+), not (.*)\.", "{0} 必须是 {1} 到 {2} 之间的数，而不是 {3}。"),
     ((r"The message is too long: it needs (\d+) tokens with the system prompt, and this model accepts at most (\d+) "
       r"prompt tokens.*"),
      "消息太长：连同系统提示词需要 {0} 个 token，而此模型最多接受 {1} 个提示词 token（上下文窗口减去回复所需的空间）。请缩短消息。"),

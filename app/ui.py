@@ -55,7 +55,7 @@ from app.panel import (
 from app.speed_plot import SpeedHistory
 from app.startup import Startup
 from app.thinking import ThinkingSplit
-from app.validation import InvalidInput, check_conversation, check_message, clamp_params, clean_text
+from app.validation import InvalidInput, check_conversation, check_message, check_params, clean_text
 from workers.protocol import (
     ChatMessage,
     Chunk,
@@ -180,6 +180,21 @@ class Reply:
         return shown + ([{"role": "assistant", "content": body}] if body else [])
 
 
+def control(*args, **kwargs) -> gr.Slider:
+    """A sampling slider whose value reaches the chat function as the client sent it, to be
+    checked there (``app.validation.check_params``: the control's name and range, in the
+    reader's language). Gradio's own check refuses a value out of range without saying which
+    control, lets NaN through, and fails on a string with a TypeError about "index 5". (Not
+    a subclass: Gradio writes a ``.pyi`` stub beside the module of any component class.)"""
+    slider = gr.Slider(*args, **kwargs)
+    slider.preprocess = _as_sent
+    return slider
+
+
+def _as_sent(payload):
+    return payload
+
+
 def build_ui(dispatcher: Dispatcher, startup: Startup, system_prompt: str,
              defaults: SamplingParams, speed: SpeedHistory | None = None) -> gr.Blocks:
     speed = speed or SpeedHistory(workers=tuple(w.id for w in dispatcher.workers))
@@ -193,11 +208,10 @@ def build_ui(dispatcher: Dispatcher, startup: Startup, system_prompt: str,
         try:
             user_text = check_message(message)
             check_conversation(system or "", history or [])
+            params = check_params(SamplingParams(max_new_tokens, temperature, top_p, top_k, repetition_penalty))
         except InvalidInput as exc:
             raise gr.Error(localize(lang, str(exc))) from exc
-        params = dataclasses.replace(clamp_params(SamplingParams(int(max_new_tokens), temperature, top_p, int(top_k),
-                                                                 repetition_penalty)),
-                                     enable_thinking=None if thinking else False)
+        params = dataclasses.replace(params, enable_thinking=None if thinking else False)
         session = request.session_hash if request else None
         scope = f"user:{request.username}" if request and request.username else f"browser:{session}"
         caller = f"browser:{session}"  # for the per-caller caps: each tab, also of a login testers share
@@ -243,14 +257,14 @@ def build_ui(dispatcher: Dispatcher, startup: Startup, system_prompt: str,
         inputs = [
             gr.Textbox(system_prompt, label=i18n("system_prompt"), lines=2, render=False,
                        placeholder=i18n("system_placeholder")),
-            gr.Slider(*limits.TEMPERATURE_RANGE, value=defaults.temperature, step=0.05, label=i18n("temperature"),
-                      render=False),
-            gr.Slider(*limits.TOP_P_RANGE, value=defaults.top_p, step=0.01, label=i18n("top_p"), render=False),
-            gr.Slider(*limits.TOP_K_RANGE, value=defaults.top_k, step=1, label=i18n("top_k"), render=False),
-            gr.Slider(*limits.REPETITION_PENALTY_RANGE, value=defaults.repetition_penalty, step=0.01,
-                      label=i18n("repetition_penalty"), render=False),
-            gr.Slider(16, limits.MAX_NEW_TOKENS, value=defaults.max_new_tokens, step=16,
-                      label=i18n("max_new_tokens"), render=False),
+            control(*limits.TEMPERATURE_RANGE, value=defaults.temperature, step=0.05, label=i18n("temperature"),
+                    render=False),
+            control(*limits.TOP_P_RANGE, value=defaults.top_p, step=0.01, label=i18n("top_p"), render=False),
+            control(*limits.TOP_K_RANGE, value=defaults.top_k, step=1, label=i18n("top_k"), render=False),
+            control(*limits.REPETITION_PENALTY_RANGE, value=defaults.repetition_penalty, step=0.01,
+                    label=i18n("repetition_penalty"), render=False),
+            control(16, limits.MAX_NEW_TOKENS, value=defaults.max_new_tokens, step=16,
+                    label=i18n("max_new_tokens"), render=False),
             gr.Checkbox(defaults.enable_thinking is not False, label=i18n("thinking"), info=i18n("thinking_info"),
                         render=False, elem_id="thinking"),
         ]

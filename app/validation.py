@@ -7,6 +7,7 @@ characters, unpaired surrogates from a broken client); what cannot be served get
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import unicodedata
@@ -77,22 +78,39 @@ def _content_chars(content) -> int:
     return len(str(content)) if content is not None else 0
 
 
-def clamp_params(params: SamplingParams) -> SamplingParams:
-    """The page's sliders already keep values in range; this guards against a crafted request.
-    NaN (which every comparison calls in range, so clamping keeps it) and infinity are refused."""
-    for name in ("temperature", "top_p", "top_k", "repetition_penalty", "max_new_tokens"):
-        value = getattr(params, name)
-        if not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise InvalidInput(f"{name} must be a finite number, not {value!r}.")
+SAMPLING_RANGES = {  # what each sampling field may be (the API's request model has the same bounds)
+    "temperature": TEMPERATURE_RANGE,
+    "top_p": TOP_P_RANGE,
+    "top_k": TOP_K_RANGE,
+    "repetition_penalty": REPETITION_PENALTY_RANGE,
+    "max_new_tokens": (1, MAX_NEW_TOKENS),
+}
+WHOLE_NUMBERS = frozenset({"top_k", "max_new_tokens"})
 
-    def clamp(value, bounds):
-        return min(max(value, bounds[0]), bounds[1])
 
-    return SamplingParams(
-        temperature=clamp(params.temperature, TEMPERATURE_RANGE),
-        top_p=clamp(params.top_p, TOP_P_RANGE),
-        top_k=int(clamp(params.top_k, TOP_K_RANGE)),
-        repetition_penalty=clamp(params.repetition_penalty, REPETITION_PENALTY_RANGE),
-        max_new_tokens=int(clamp(params.max_new_tokens, (1, MAX_NEW_TOKENS))),
-        seed=params.seed,
-    )
+def check_number(name: str, value) -> int | float:
+    """One sampling field as a client sent it → its number (a whole one rounded); anything else
+    (NaN, which every comparison calls in range; infinity; a string; a huge number; a bool)
+    gets an ``InvalidInput`` that names the field and its range."""
+    low, high = SAMPLING_RANGES[name]
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (number and (isinstance(value, int) or math.isfinite(value)) and low <= value <= high):
+        kind = "a whole number" if name in WHOLE_NUMBERS else "a number"
+        raise InvalidInput(f"{name} must be {kind} from {low:g} to {high:g}, not {_shown(value)}.")
+    return int(round(value)) if name in WHOLE_NUMBERS else float(value)
+
+
+def _shown(value) -> str:
+    """A value a client sent, short enough for a message."""
+    try:
+        shown = repr(value)
+    except ValueError:  # an int past Python's limit on digits to print
+        return "a number too long to print"
+    return shown if len(shown) <= 40 else shown[:39] + "…"
+
+
+def check_params(params: SamplingParams) -> SamplingParams:
+    """The page's sampling fields as its client sent them, checked by ``check_number``. The
+    sliders keep a browser's values in range; a crafted request (gradio_client sends anything)
+    reaches this unchecked (``app.ui.control``)."""
+    return dataclasses.replace(params, **{name: check_number(name, getattr(params, name)) for name in SAMPLING_RANGES})

@@ -280,17 +280,24 @@ def page_chat(app, data: str) -> dict:
     raise AssertionError("the page's event stream ended without a result")
 
 
-@pytest.mark.parametrize("name, literal", [("temperature", "NaN"), ("top_p", "NaN"), ("repetition_penalty", "NaN")])
-def test_nan_from_the_page_gets_a_clear_message(app, name, literal):
-    """NaN passes the sliders' bounds (every comparison with it is false); the page says so."""
-    controls = {"temperature": "0.0", "top_p": "1.0", "top_k": "0", "repetition_penalty": "1.0"}
-    # the chat's inputs: message, history, system prompt, the sliders, max_new_tokens, thinking
-    data = '[{}, [], "", {temperature}, {top_p}, {top_k}, {repetition_penalty}, 32, true]'.format(
-        json.dumps(CAPITAL), **{**controls, name: literal})
-    refused = page_chat(app, data)
-    assert not refused["success"] and f"{name} must be a finite number" in refused["output"]["error"], refused
-    served = page_chat(app, '[{}, [], "", {temperature}, {top_p}, {top_k}, {repetition_penalty}, 32, true]'.format(
-        json.dumps(CAPITAL), **controls))
+@pytest.mark.parametrize("name, literal, shown", [
+    ("temperature", "NaN", "nan"), ("top_p", "NaN", "nan"), ("repetition_penalty", "NaN", "nan"),
+    ("top_k", "NaN", "nan"), ("max_new_tokens", "NaN", "nan"), ("max_new_tokens", "Infinity", "inf"),
+    ("top_k", '"abc"', "'abc'"), ("temperature", "1e300", "1e+300"),
+    ("max_new_tokens", "100000000000000000000", "100000000000000000000"),
+])
+def test_a_crafted_control_from_the_page_gets_a_message_naming_it_and_its_range(app, name, literal, shown):
+    """NaN passes the sliders' bounds (every comparison with it is false), and a string or a
+    huge number got Gradio's errors, which name no control; the page names it and its range."""
+    controls = {"temperature": "0.0", "top_p": "1.0", "top_k": "0", "repetition_penalty": "1.0", "max_new_tokens": "32"}
+    # the chat's inputs: message, history, system prompt, the sliders, thinking
+    chat = '[{}, [], "", {temperature}, {top_p}, {top_k}, {repetition_penalty}, {max_new_tokens}, true]'
+    refused = page_chat(app, chat.format(json.dumps(CAPITAL), **{**controls, name: literal}))
+    ranges = {"temperature": "a number from 0 to 2", "top_p": "a number from 0.01 to 1",
+              "top_k": "a whole number from 0 to 1000", "repetition_penalty": "a number from 1 to 2",
+              "max_new_tokens": "a whole number from 1 to 2048"}
+    assert not refused["success"] and refused["output"]["error"] == f"{name} must be {ranges[name]}, not {shown}.", refused
+    served = page_chat(app, chat.format(json.dumps(CAPITAL), **controls))
     assert served["success"] and "Paris" in json.dumps(served["output"]["data"]), served
 
 
@@ -370,3 +377,14 @@ def test_a_megabytes_long_system_prompt_is_refused_on_the_page_before_any_work(a
         client.predict("hi", "x" * 3_000_000, 0.0, 1.0, 0, 1.0, 16, True, api_name="/chat")
     assert sum(w["served"] for w in app.health()["workers"]) == served  # it never reached a worker
     assert "Paris" in client.predict("Name the capital of France.", "", 0.0, 1.0, 0, 1.0, 32, True, api_name="/chat")
+
+
+def test_a_control_the_gradio_client_gets_wrong_is_refused_with_its_name_and_range(app):
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    client = Client(app.url + "/", verbose=False)
+    with pytest.raises(AppError, match=r"^top_k must be a whole number from 0 to 1000, not 'many'\.$"):
+        client.predict("hi", "", 0.0, 1.0, "many", 1.0, 16, True, api_name="/chat")
+    with pytest.raises(AppError, match=r"^max_new_tokens must be a whole number from 1 to 2048, not 5000\.$"):
+        client.predict("hi", "", 0.0, 1.0, 0, 1.0, 5000, True, api_name="/chat")
