@@ -4,8 +4,9 @@ asks which backend it is.
     Dispatcher(dispatcher_config, pool_factory=pool_factory(app_config))
 
 ``local`` (the default): ``app.pool.ProcessPool``, one pipe per worker process on this
-machine. ``ray``: ``app.ray_pool.RayPool``, one Ray actor per worker across a cluster;
-imported only when asked for, so the app runs without Ray installed.
+machine, with its ``heartbeat_timeout_s`` watchdog. ``ray``: ``app.ray_pool.RayPool``, one Ray
+actor per worker across a cluster (no watchdog); imported only when asked for, so the app runs
+without Ray installed.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from app.pool import ProcessPool
 
 def pool_factory(config: AppConfig) -> Callable:
     if config.backend == "local":
-        return ProcessPool
+        return functools.partial(ProcessPool, heartbeat_timeout_s=config.heartbeat_timeout_s)
     from app.ray_pool import RayPool, RaySettings
 
     threads = None if config.threads_per_worker == "auto" else config.threads_per_worker

@@ -5,12 +5,13 @@ pool, sends ``workers.protocol`` messages to one worker by id, and hears back th
 callbacks, always on the event loop thread; ``app.ray_pool.RayPool`` (Ray actors on other
 machines) implements the same calls, and ``app.backends`` picks one:
 
-    pool = ProcessPool(layouts, on_message=..., on_exit=..., on_spawn=...)
+    pool = ProcessPool(layouts, on_message=..., on_exit=..., on_spawn=..., heartbeat_timeout_s=30)
     pool.start(loop, specs)          # spawn every worker (specs: worker id -> WorkerSpec)
     pool.send(worker_id, msg)        # Generate / Cancel / Shutdown to one worker
     on_spawn(worker_id)              # a worker (re)started: it loads, then sends Ready
-    on_message(worker_id, msg)       # every message a worker sends
-    on_exit(worker_id, exit_code)    # it died; the pool respawns it after a backoff
+    on_message(worker_id, msg)       # every message a worker sends, but its Heartbeats
+    on_exit(worker_id, exit_code, reason)  # it died (reason: why the pool killed it, else None);
+                                     # the pool respawns it after a backoff
     await pool.stop()                # Shutdown, then make sure each one exited (by pid)
     pool.workers[worker_id]          # .id .layout .spec .pid .node .restarts .crashes_in_a_row
 
@@ -18,6 +19,15 @@ One duplex ``multiprocess`` Pipe per worker, with one reader thread that blocks 
 hands each message to the loop with ``call_soon_threadsafe``, and one writer thread that
 sends what ``send`` queued: a pipe write blocks while the worker is busy and its buffer is
 full (a long conversation is megabytes), and the event loop must never wait on a worker.
+Either thread failing in any other way than the pipe closing (a message that cannot be
+pickled or unpickled, a bug) logs why and kills the worker.
+
+A worker that stops answering (SIGSTOP, a deadlock) is killed too: its serve loop sends a
+``Heartbeat`` whenever it has sent nothing else for a second, so once it is ready, a
+watchdog on the loop (``_watch``, a few times per timeout) kills a worker the reader heard
+nothing from for ``heartbeat_timeout_s``. A kill is by pid, and always ends the same way as
+any other death: the reader sees EOF, ``on_exit`` fails the worker's requests (saying why),
+and the pool respawns it.
 """
 
 from __future__ import annotations
@@ -37,13 +47,14 @@ import multiprocess
 from workers.host.cores import WorkerLayout
 from workers.process import run_worker
 from workers.spec import WorkerSpec
-from workers.protocol import FromWorker, Ready, Shutdown, ToWorker
+from workers.protocol import FromWorker, Heartbeat, Ready, Shutdown, ToWorker
 
 log = logging.getLogger(__name__)
 
 RESPAWN_BASE_DELAY_S = 0.5
 RESPAWN_MAX_DELAY_S = 30.0
 SHUTDOWN_GRACE_S = 5.0
+WATCHDOG_PERIOD_S = 1.0  # the watchdog looks this often (every quarter timeout, if that is sooner)
 
 
 def respawn_delay(crashes_in_a_row: int) -> float:
@@ -80,6 +91,8 @@ class WorkerProcess:
     outbox: queue.SimpleQueue | None = None  # what the writer thread sends; None ends it
     started_at: float = 0.0
     loaded: bool = False  # it sent Ready since its last start
+    heard_at: float | None = None  # when the reader got its last message; None: not watched (loading, or gone)
+    killed_for: str | None = None  # why the pool killed it, told to on_exit
     restarts: int = 0
     crashes_in_a_row: int = 0  # deaths before Ready, since it was last ready
 
@@ -93,22 +106,28 @@ class WorkerProcess:
 
 
 class ProcessPool:
+    target = staticmethod(run_worker)  # what each worker process runs: (spec, conn)
+
     def __init__(self, layouts: Sequence[WorkerLayout], on_message: Callable[[int, FromWorker], None],
-                 on_exit: Callable[[int, int | None], None], on_spawn: Callable[[int], None]) -> None:
+                 on_exit: Callable[[int, int | None, str | None], None], on_spawn: Callable[[int], None],
+                 heartbeat_timeout_s: float = 30.0) -> None:
+        """``heartbeat_timeout_s``: a ready worker silent this long is killed (the config's key)."""
         self.workers = {layout.worker_id: WorkerProcess(layout) for layout in layouts}
         self._on_message, self._on_exit, self._on_spawn = on_message, on_exit, on_spawn
+        self.heartbeat_timeout_s = heartbeat_timeout_s
         self._ctx = multiprocess.get_context("spawn")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
 
     def start(self, loop: asyncio.AbstractEventLoop, specs: dict[int, WorkerSpec]) -> None:
-        """Spawn every worker; call on the serving loop."""
+        """Spawn every worker and start the watchdog; call on the serving loop."""
         self._loop = loop
         if self._stopping:  # the server shut down while the model was being prepared
             return
         for worker_id, spec in specs.items():
             self.workers[worker_id].spec = spec
             self._spawn(self.workers[worker_id])
+        self._watch()
 
     def send(self, worker_id: int, msg: ToWorker) -> None:
         """Queue ``msg`` for the worker's writer thread: returns at once, in order per worker."""
@@ -136,54 +155,93 @@ class ProcessPool:
 
     def _spawn(self, worker: WorkerProcess) -> None:
         parent, child = self._ctx.Pipe(duplex=True)
-        process = self._ctx.Process(target=run_worker, args=(worker.spec, child), daemon=True,
+        process = self._ctx.Process(target=self.target, args=(worker.spec, child), daemon=True,
                                     name=f"chat-worker-{worker.id}")
         process.start()
         child.close()  # so the parent sees EOF when the worker dies
         if worker.outbox is not None:
             worker.outbox.put(None)  # the old writer, if it still waits
         worker.process, worker.conn, worker.started_at, worker.loaded = process, parent, time.monotonic(), False
+        worker.heard_at, worker.killed_for = None, None
         worker.outbox = queue.SimpleQueue()
         self._on_spawn(worker.id)
         threading.Thread(target=self._read, args=(worker, parent, process), daemon=True,
                          name=f"worker-{worker.id}-reader").start()
-        threading.Thread(target=self._write, args=(worker.id, parent, worker.outbox), daemon=True,
+        threading.Thread(target=self._write, args=(worker, parent, process, worker.outbox), daemon=True,
                          name=f"worker-{worker.id}-writer").start()
         log.info("worker %d: loading %s and warming up (pid %d, cpus %s, %d threads)", worker.id,
                  worker.spec.engine.model_name, process.pid, worker.layout.cpus, worker.layout.threads)
 
     def _read(self, worker: WorkerProcess, conn, process) -> None:
-        """Runs in a thread per worker: block on the pipe, hand messages to the loop.
+        """Runs in a thread per worker: block on the pipe, note when it was last heard from,
+        hand messages but Heartbeats to the loop.
 
         At EOF the process is reaped here, off the loop, so its exit code can be reported
-        without the event loop ever waiting on a dying process."""
-        while True:
-            try:
-                msg = conn.recv()
-            except (EOFError, OSError):
-                process.join(1.0)
-                call_soon(self._loop, self._exited, worker, conn, process.exitcode)
-                return
-            if isinstance(msg, Ready):
-                worker.loaded = True
-            call_soon(self._loop, self._on_message, worker.id, msg)
+        without the event loop ever waiting on a dying process. Any other failure kills the
+        worker first (``_kill``): its requests fail and it is respawned, as after any death."""
+        try:
+            while True:
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):
+                    break
+                worker.heard_at = time.monotonic()
+                if isinstance(msg, Heartbeat):
+                    continue
+                if isinstance(msg, Ready):
+                    worker.loaded = True
+                call_soon(self._loop, self._on_message, worker.id, msg)
+        except BaseException as exc:  # noqa: BLE001 - e.g. a message that cannot be unpickled: never end silently
+            log.exception("worker %d (pid %s): reading its pipe failed; killing it", worker.id, process.pid)
+            self._kill(worker, process, f"sent a message that could not be read ({type(exc).__name__})")
+        process.join(1.0)
+        call_soon(self._loop, self._exited, worker, conn, process.exitcode)
 
-    @staticmethod
-    def _write(worker_id: int, conn, outbox: queue.SimpleQueue) -> None:
-        """Runs in a thread per worker process: send what ``send`` queued, in order."""
+    def _write(self, worker: WorkerProcess, conn, process, outbox: queue.SimpleQueue) -> None:
+        """Runs in a thread per worker process: send what ``send`` queued, in order. A failure
+        other than a closed pipe kills the worker, whose reader then reports its death."""
         while (msg := outbox.get()) is not None:
             try:
                 conn.send(msg)
             except (OSError, ValueError):  # the worker died: its reader reports that
-                log.warning("worker %d: could not send %s (pipe closed)", worker_id, type(msg).__name__)
+                log.warning("worker %d: could not send %s (pipe closed)", worker.id, type(msg).__name__)
                 return
+            except BaseException as exc:  # noqa: BLE001 - e.g. a message that cannot be pickled: never end silently
+                log.exception("worker %d (pid %s): sending %s failed; killing it", worker.id, process.pid,
+                              type(msg).__name__)
+                self._kill(worker, process, f"could not be sent a message ({type(exc).__name__})")
+                return
+
+    def _kill(self, worker: WorkerProcess, process, reason: str) -> None:
+        """Kill the worker's process by pid (never by name), from any thread: its reader sees
+        EOF and the death path runs (``_exited``), telling ``on_exit`` the first ``reason``."""
+        if process is worker.process and worker.killed_for is None:
+            worker.killed_for = reason
+        process.kill()
+
+    def _watch(self) -> None:
+        """On the loop, every ``WATCHDOG_PERIOD_S`` (or quarter timeout): kill each ready worker
+        that sent nothing at all, not even a Heartbeat, for ``heartbeat_timeout_s``."""
+        if self._stopping:
+            return
+        now = time.monotonic()
+        for worker in self.workers.values():
+            heard_at = worker.heard_at
+            if worker.loaded and worker.killed_for is None and heard_at is not None \
+                    and now - heard_at > self.heartbeat_timeout_s:
+                log.error("worker %d (pid %s) stopped answering: nothing from it for %.1f s (heartbeat_timeout_s "
+                          "= %g); killing it", worker.id, worker.pid, now - heard_at, self.heartbeat_timeout_s)
+                self._kill(worker, worker.process, f"stopped answering (nothing from it for "
+                                                   f"{self.heartbeat_timeout_s:g} s)")
+        self._loop.call_later(min(WATCHDOG_PERIOD_S, self.heartbeat_timeout_s / 4), self._watch)
 
     def _exited(self, worker: WorkerProcess, conn, code: int | None) -> None:
         if conn is not worker.conn:  # a stale reader of an already replaced process
             return
         worker.outbox.put(None)
+        worker.heard_at = None  # gone: nothing to watch until it is ready again
         count_death(worker)
-        self._on_exit(worker.id, code)
+        self._on_exit(worker.id, code, worker.killed_for)
         if self._stopping:
             return
         delay = respawn_delay(worker.crashes_in_a_row)

@@ -10,7 +10,9 @@ that cannot be reached or has too few CPUs ends start-up with a clear message (e
 message to the loop; a writer thread sends what ``send`` queued, in order, one call at a
 time (a threaded actor may run concurrent calls out of order: a Cancel must never overtake
 its Generate). An actor that dies ends its stream with an error: the pool reports the exit
-and starts a new actor on the same node after the same backoff as a process.
+and starts a new actor on the same node after the same backoff as a process. There is no
+heartbeat watchdog here (``ProcessPool``'s): an actor that stops answering without dying is
+not noticed, and its ``Heartbeat``s never leave it (``workers.ray_actor.QueueConn``).
 
 Ray is imported lazily: the app runs without it unless ``--backend ray`` is asked for.
 """

@@ -9,6 +9,7 @@ import time
 
 from app.config import load_config
 from app.dispatcher import Dispatcher, DispatcherConfig
+from app.pool import ProcessPool
 from workers.host.cores import plan_layout
 from workers.protocol import ChatMessage, Chunk, Done, EngineConfig, Failed, SamplingParams
 from workers.spec import EngineSpec
@@ -22,10 +23,11 @@ def two_single_core_layouts():
 
 class Pool:
     def __init__(self, engine: EngineSpec, max_queue: int = 64, wait_ready: bool = True, max_batch: int = 4,
-                 layouts: list | None = None, kv_cache_bytes: int | None = None) -> None:
+                 layouts: list | None = None, kv_cache_bytes: int | None = None,
+                 pool_factory=ProcessPool) -> None:
         """``engine``: what every worker loads (the app's lean decoder, mostly).
         ``layouts``: the workers (default: two single-core ones); ``kv_cache_bytes``: each one's
-        KV memory budget (default: the config's)."""
+        KV memory budget (default: the config's); ``pool_factory``: as ``app.backends`` makes it."""
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -33,7 +35,7 @@ class Pool:
         engine_config = EngineConfig(max_context_tokens=config.max_context_tokens,
                                      kv_cache_bytes=kv_cache_bytes or config.kv_cache_mb * 2**20)
         self.dispatcher = Dispatcher(DispatcherConfig(layouts or two_single_core_layouts(), max_batch, max_queue,
-                                                      engine_config, engine))
+                                                      engine_config, engine), pool_factory=pool_factory)
         self.run(self._start(until_ready=wait_ready), timeout=240)
 
     async def _start(self, until_ready: bool) -> None:

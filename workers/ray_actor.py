@@ -10,7 +10,9 @@ slow part (weights, warm-up) runs in that thread, and ``Ready`` arrives like any
     for ref in actor.messages.remote(): ray.get(ref)   # worker -> dispatcher, lists of messages
 
 ``serve_requests`` reads ``QueueConn`` exactly as it reads a pipe: blocking while idle,
-polling between decode steps, so a ``Cancel`` takes effect within one decode step. The
+polling between decode steps, so a ``Cancel`` takes effect within one decode step. Its
+``Heartbeat``s stay here: an actor has no watchdog (a dead one ends its message stream, which
+``app.ray_pool`` notices; a stopped one is not noticed), so they would only cross the network. The
 actor is threaded (``max_concurrency``): ``send`` runs on a thread of its own while the
 engine steps, and ``messages`` is a streaming generator that hands over everything sent
 since its last yield. If loading fails the process exits, as a pipe worker would: the pool
@@ -33,6 +35,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from workers.process import load_engine
+from workers.protocol import Heartbeat
 from workers.spec import EngineKind, WorkerSpec
 
 log = logging.getLogger("workers")
@@ -41,19 +44,28 @@ ACTOR_THREADS = 4  # messages() holds one for good; send() and where() use the o
 
 
 class QueueConn:
-    """The three calls ``serve_requests`` makes on a pipe, over two thread-safe queues."""
+    """The three calls ``serve_requests`` makes on a pipe, over two thread-safe queues;
+    ``Heartbeat``s are dropped (no watchdog watches an actor)."""
 
     def __init__(self, inbox: queue.Queue, outbox: queue.Queue) -> None:
         self.inbox, self.outbox = inbox, outbox
+        self._held: list = []  # the message a waiting poll took from the inbox, for recv
 
     def recv(self):
-        return self.inbox.get()
+        return self._held.pop() if self._held else self.inbox.get()
 
-    def poll(self) -> bool:
-        return not self.inbox.empty()
+    def poll(self, timeout: float = 0.0) -> bool:
+        """Whether a message waits, after waiting up to ``timeout`` seconds for one."""
+        if not self._held:
+            try:
+                self._held.append(self.inbox.get(timeout=timeout))
+            except queue.Empty:
+                return False
+        return True
 
     def send(self, msg) -> None:
-        self.outbox.put(msg)
+        if not isinstance(msg, Heartbeat):
+            self.outbox.put(msg)
 
 
 def pin_process(cpus: tuple[int, ...], threads: int) -> tuple[int, ...]:

@@ -9,22 +9,28 @@ the batch's ``PrefillStrategy`` (``workers.scheduler.prefill``), chosen once.
 
 While generating, the loop reads the pipe between two decode steps without blocking: a new
 request joins the batch, a ``Cancel`` ends its request before the next step (so Stop takes
-effect within one decode step), ``Shutdown`` ends the loop.
+effect within one decode step), ``Shutdown`` ends the loop. Whenever the loop has sent
+nothing for ``HEARTBEAT_S`` (idle, or between two long steps) it sends a ``Heartbeat``: the
+pool kills a ready worker it hears nothing from for ``heartbeat_timeout_s`` (``app.pool``).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass
 
 from workers.errors import RequestError
 from workers.generation.engine import Engine, Sequence, Step
 from workers.generation.prompt import Prompt
-from workers.protocol import Cancel, Chunk, Done, ErrorCode, Failed, FinishReason, Generate, Metrics, Notice, Shutdown
+from workers.protocol import (Cancel, Chunk, Done, ErrorCode, Failed, FinishReason, Generate, Heartbeat, Metrics,
+                              Notice, Shutdown)
 from workers.scheduler.prefill import PrefillStrategy, PromptApart, Stopped, strategy_for
 
 log = logging.getLogger("workers")
+
+HEARTBEAT_S = 1.0  # a Heartbeat goes out once nothing else has for this long
 
 
 @dataclass(frozen=True)
@@ -213,15 +219,48 @@ class Batch:
         self.conn.send(Done(seq.key, end.reason, end.metrics))
 
 
+class BeatingConn:
+    """The pipe's end (or a ``QueueConn``), remembering when it last sent: ``beat`` sends a
+    ``Heartbeat`` if nothing went out for ``HEARTBEAT_S``, ``wait`` blocks for a message
+    and beats meanwhile. A clock read per message sent and per loop: nothing more."""
+
+    def __init__(self, conn) -> None:
+        self.conn, self.sent_at = conn, time.monotonic()
+
+    def send(self, msg) -> None:
+        self.conn.send(msg)
+        self.sent_at = time.monotonic()
+
+    def recv(self):
+        return self.conn.recv()
+
+    def poll(self) -> bool:
+        return self.conn.poll()
+
+    def beat(self) -> None:
+        if time.monotonic() - self.sent_at >= HEARTBEAT_S:
+            self.send(Heartbeat())
+
+    def wait(self) -> None:
+        """Until a message can be read (or the pipe is closed: ``recv`` then raises EOFError)."""
+        while not self.conn.poll(HEARTBEAT_S):
+            self.beat()
+
+
 def serve_requests(engine: Engine, conn, worker_id: int) -> None:
     """Block while idle; while generating, read the pipe between decode steps without blocking.
 
     Every message waiting in the pipe is read each loop: a Cancel ends its request before
-    the next step, Shutdown ends the loop, a Generate joins the arrivals (``Batch``).
+    the next step, Shutdown ends the loop, a Generate joins the arrivals (``Batch``). A
+    ``Heartbeat`` goes out whenever nothing else has for ``HEARTBEAT_S``, idle or busy.
     """
+    conn = BeatingConn(conn)
     batch = Batch(engine, conn, worker_id)
     while True:
-        inbox = [] if batch.busy else [conn.recv()]
+        if not batch.busy:
+            conn.wait()
+        conn.beat()
+        inbox = []
         while conn.poll():
             inbox.append(conn.recv())
         for msg in inbox:
