@@ -10,6 +10,7 @@ from tests.generation import generate, prefill_within_steps
 from workers.generation.engine import Engine
 from workers.loading.load import load
 from workers.generation.prompt import PromptTooLong, encode_chat
+from workers.errors import InvalidInput
 from workers.protocol import ChatMessage, EngineConfig, FinishReason, SamplingParams
 from workers.decoders.lean.weights import prepare
 from workers.spec import EngineSpec
@@ -111,6 +112,39 @@ def test_fitting_a_long_history_tokenizes_only_what_can_fit_and_each_message_onc
 def test_a_single_message_over_the_window_says_the_limit(tiny_engine):
     with pytest.raises(PromptTooLong, match=r"at most \d+ prompt tokens"):
         tiny_engine.prompt([ChatMessage("user", "word " * 1000)], 64)
+
+
+def test_each_sequence_of_a_batch_is_biased_and_penalized_by_its_own_settings(tiny_engine):
+    """Three requests stepped together, each with its own ``logit_bias`` or penalty: each reply
+    follows its own (the processors are per sequence, applied to its own row of the logits)."""
+    a, b = (tiny_engine.tokenizer(word, add_special_tokens=False).input_ids[0] for word in ("A", "B"))
+    prompt = tiny_engine.prompt([ChatMessage("user", "hello")], 8)
+    asks = [SamplingParams(temperature=0.0, max_new_tokens=8, logit_bias=((a, 100.0),)),
+            SamplingParams(temperature=0.0, max_new_tokens=8, logit_bias=((b, 100.0),)),
+            SamplingParams(temperature=0.0, max_new_tokens=8, frequency_penalty=100.0)]
+    alone = generate_ids(tiny_engine, prompt, asks[2])
+    seqs = [tiny_engine.start(prompt, params)[0] for params in asks]
+    while any(seq.reason is None for seq in seqs):
+        tiny_engine.step(seqs)
+    for seq in seqs:
+        tiny_engine.finish(seq)
+    assert seqs[0].generated == [a] * 8 and seqs[1].generated == [b] * 8
+    assert seqs[2].generated == alone and len(set(alone)) == len(alone)  # -100 per use: no token twice
+
+
+def test_a_bias_on_a_token_outside_the_vocabulary_is_refused_by_name(tiny_engine):
+    size = len(tiny_engine.tokenizer)
+    tiny_engine.check(SamplingParams(8, logit_bias=((size - 1, 1.0),)))
+    with pytest.raises(InvalidInput, match=rf"token id {size}, outside .* \(field 'logit_bias'\)"):
+        tiny_engine.check(SamplingParams(8, logit_bias=((0, 1.0), (size, 1.0))))
+
+
+def generate_ids(engine, prompt, params) -> list[int]:
+    seq, _ = engine.start(prompt, params)
+    while seq.reason is None:
+        engine.step([seq])
+    engine.finish(seq)
+    return seq.generated
 
 
 def assert_metrics_are_the_replys_own_times(metrics, began: float, first_returned: float, last_called: float,

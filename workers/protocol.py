@@ -39,6 +39,10 @@ class SamplingParams:
     stop: tuple[str, ...] = ()  # the reply ends before the first of these strings
     logprobs: int | None = None  # None: none; k: each token's log-probability and the k likeliest alternatives
     enable_thinking: bool | None = None  # the chat template's switch (Qwen3); None: the template's default
+    min_p: float = 0.0  # keep tokens at least this fraction as likely as the likeliest; 0: off
+    presence_penalty: float = 0.0  # OpenAI's: subtracted from the logit of every token already generated
+    frequency_penalty: float = 0.0  # OpenAI's: subtracted once per time a token was generated
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit) pairs
 
     @property
     def greedy(self) -> bool:

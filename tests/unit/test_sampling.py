@@ -1,12 +1,13 @@
 """Drawing the next token from given logits (``workers.generation.sampling``,
 ``workers.generation.processors``): greedy takes the likeliest, a seed repeats its draws,
-top-k and top-p keep what they say and draw in proportion, a repetition penalty lowers what
-was seen and leaves the raw logits as they were."""
+top-k, top-p and min-p keep what they say and draw in proportion, a repetition penalty
+lowers what was seen and leaves the raw logits as they were (each processor, to the number:
+``test_processors.py``)."""
 
 import torch
 
 from workers.generation.processors import process, processors_for
-from workers.generation.sampling import sample
+from workers.generation.sampling import candidates, sample
 from workers.protocol import SamplingParams
 
 
@@ -38,3 +39,29 @@ def test_sampling_follows_the_distribution_after_top_k_and_top_p():
     assert counts[2:].sum() == 0 and abs(counts[0] / 4000 - 0.5 / 0.8) < 0.03
     top2 = SamplingParams(max_new_tokens=1, temperature=1.0, top_k=2, top_p=1.0, repetition_penalty=1.0)
     assert set(sample(logits, top2, g) for _ in range(500)) == {0, 1}
+
+
+def test_min_p_keeps_the_tokens_at_least_that_fraction_as_likely_as_the_likeliest():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    kept = SamplingParams(max_new_tokens=1, temperature=1.0, min_p=0.3)  # 0.3 × 0.5 = 0.15: 0.15 stays, 0.05 goes
+    probs, ids = candidates(logits, kept)
+    assert ids is None and torch.allclose(probs, torch.tensor([0.5, 0.3, 0.15, 0.0]))
+    g = torch.Generator().manual_seed(0)
+    counts = torch.bincount(torch.tensor([sample(logits, kept, g) for _ in range(4000)]), minlength=4)
+    assert counts[3] == 0 and abs(counts[0] / 4000 - 0.5 / 0.95) < 0.03
+    assert candidates(logits, SamplingParams(max_new_tokens=1, min_p=0.0))[0][3] > 0  # 0: off
+
+
+def test_min_p_judges_the_temperature_scaled_distribution_beside_top_k_and_top_p():
+    """At temperature 0.5 the probabilities go as their squares: 0.25 : 0.09 : 0.0225 : 0.0025,
+    so min_p = 0.3 keeps the first two only (0.09 / 0.25 = 0.36; 0.0225 / 0.25 = 0.09)."""
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    cold = SamplingParams(max_new_tokens=1, temperature=0.5, min_p=0.3)
+    probs, _ = candidates(logits, cold)
+    assert (probs > 0).tolist() == [True, True, False, False]
+    both = SamplingParams(max_new_tokens=1, temperature=1.0, top_k=3, min_p=0.5)  # top-k 3, then 0.3 ≥ 0.25 only
+    probs, ids = candidates(logits, both)
+    assert ids.tolist() == [0, 1, 2] and (probs > 0).tolist() == [True, True, False]
+    nucleus = SamplingParams(max_new_tokens=1, temperature=1.0, top_p=0.7, min_p=0.01)  # top-p cuts, min-p keeps all
+    assert (candidates(logits, nucleus)[0] > 0).tolist() == [True, True, False, False]
+    assert sample(logits, SamplingParams(max_new_tokens=1, temperature=0.0, min_p=0.99), None) == 0  # greedy: the max

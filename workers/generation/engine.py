@@ -39,6 +39,7 @@ from workers.generation.conversations import Conversations
 from workers.generation.detokenize import IncrementalDetokenizer, StopStrings
 from workers.generation.processors import LogitsProcessor, process, processors_for
 from workers.generation.prompt import Prompt, build_prompt
+from workers.errors import InvalidInput
 from workers.protocol import ChatMessage, EngineConfig, FinishReason, Metrics, SamplingParams, TokenLogprob
 from workers.generation.sampling import logprobs, sample
 
@@ -99,6 +100,14 @@ class Engine:
         self.context_tokens = min(self.decoder.max_seq_len, self.config.max_context_tokens)
         self.conversations = Conversations(self.decoder.new_cache, self.decoder.kv_bytes_per_token,
                                            self.config.kv_cache_bytes)
+        self.vocab_size = len(self.tokenizer)
+
+    def check(self, params: SamplingParams) -> None:
+        """Refuse what only this model can tell is wrong: a ``logit_bias`` token id outside its
+        vocabulary (the API checks everything else before a worker sees the request)."""
+        if outside := sorted(i for i, _ in params.logit_bias if not 0 <= i < self.vocab_size):
+            raise InvalidInput(f"logit_bias names token id {outside[0]}, outside this model's vocabulary "
+                               f"(ids 0 to {self.vocab_size - 1}) (field 'logit_bias').")
 
     # prompt --------------------------------------------------------------------------
 

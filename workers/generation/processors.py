@@ -4,13 +4,19 @@ One step of a reply runs, in this order: the decoder's call → logits per seque
 sequence's processors, each reshaping its logits → the sampler (``workers.generation.sampling``)
 → stop checks and text (``workers.generation.engine``). A processor sees one sequence's
 logits [V] and returns new ones (never in place: the raw logits stay for ``logprobs``),
-then hears which token was chosen, so it can keep state (a penalty's history now; a
-grammar's mask of allowed tokens or a ``logit_bias`` enter the same way).
+then hears which token was chosen, so it can keep state (a penalty's history; a grammar's
+mask of allowed tokens would enter the same way).
+
+Each sequence has its own processors, built from its own request's ``SamplingParams``, so
+the replies of one batch are penalized each by its own settings and its own history.
+
+The order is vLLM's and llama.cpp's: ``logit_bias`` first, then the repetition penalty,
+then the presence and frequency penalties.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -24,6 +30,26 @@ class LogitsProcessor(Protocol):
 
     def advance(self, token: int) -> None:
         """``token`` was chosen: update whatever the next call depends on."""
+
+
+@dataclass
+class LogitBias:
+    """OpenAI's ``logit_bias``: a fixed amount added to the logit of each token named
+    (-100 bans a token in practice, +100 all but forces it)."""
+
+    ids: torch.Tensor  # [N] token ids
+    biases: torch.Tensor  # [N] float32
+
+    @classmethod
+    def of(cls, pairs: tuple[tuple[int, float], ...]) -> LogitBias:
+        return cls(torch.tensor([i for i, _ in pairs], dtype=torch.long),
+                   torch.tensor([b for _, b in pairs], dtype=torch.float32))
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits.index_put((self.ids,), self.biases.to(logits.dtype), accumulate=True)
+
+    def advance(self, token: int) -> None:
+        pass
 
 
 @dataclass
@@ -46,12 +72,45 @@ class RepetitionPenalty:
         self.recent = torch.cat([self.recent[1 - self.window :], torch.tensor([token])])
 
 
+@dataclass
+class PresenceFrequencyPenalty:
+    """OpenAI's penalties, over the tokens this reply has generated so far (not the prompt's,
+    as vLLM counts them): ``logit -= presence * (count > 0) + frequency * count``."""
+
+    presence: float
+    frequency: float
+    ids: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))  # [U] distinct ids
+    counts: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # [U] how often each was generated
+    _slot: dict[int, int] = field(default_factory=dict)  # id → its place in ids
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self._slot:
+            return logits
+        penalty = self.presence + self.frequency * self.counts  # every count here is > 0
+        return logits.index_put((self.ids,), -penalty.to(logits.dtype), accumulate=True)
+
+    def advance(self, token: int) -> None:
+        slot = self._slot.get(token)
+        if slot is None:
+            self._slot[token] = len(self._slot)
+            self.ids = torch.cat([self.ids, torch.tensor([token])])
+            self.counts = torch.cat([self.counts, torch.ones(1)])
+        else:
+            self.counts[slot] += 1
+
+
 def processors_for(params: SamplingParams, prompt_ids: list[int], window: int) -> tuple[LogitsProcessor, ...]:
-    """The processors a request's settings ask for, in the order they apply."""
-    if params.repetition_penalty == 1.0:
-        return ()
-    return (RepetitionPenalty(params.repetition_penalty, window,
-                              torch.tensor(prompt_ids[-window:], dtype=torch.long)),)
+    """The processors a request's settings ask for, in the order they apply; none for the
+    settings that change nothing."""
+    processors: list[LogitsProcessor] = []
+    if params.logit_bias:
+        processors.append(LogitBias.of(params.logit_bias))
+    if params.repetition_penalty != 1.0:
+        processors.append(RepetitionPenalty(params.repetition_penalty, window,
+                                            torch.tensor(prompt_ids[-window:], dtype=torch.long)))
+    if params.presence_penalty or params.frequency_penalty:
+        processors.append(PresenceFrequencyPenalty(params.presence_penalty, params.frequency_penalty))
+    return tuple(processors)
 
 
 def process(processors: tuple[LogitsProcessor, ...], logits: torch.Tensor) -> torch.Tensor:

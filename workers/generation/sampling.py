@@ -1,5 +1,5 @@
 """Choosing the next token from a sequence's logits (after its processors,
-``workers.generation.processors``): greedy, or temperature → top-k → top-p → one draw."""
+``workers.generation.processors``): greedy, or temperature → top-k → top-p → min-p → one draw."""
 
 from __future__ import annotations
 
@@ -13,29 +13,44 @@ def sample(
     params: SamplingParams,
     generator: torch.Generator | None,
 ) -> int:
-    """Greedy, or temperature → top-k → top-p → one draw.
+    """Greedy, or temperature → top-k → top-p → min-p → one draw.
 
-    Works on the top-k candidates only (``torch.topk`` is cheap; a sort of a 150k vocabulary
-    is not), and draws by inverting the cumulative distribution with one uniform number:
+    Draws by inverting the cumulative distribution with one uniform number:
     ``torch.multinomial`` over the full vocabulary costs milliseconds per token.
     """
     if params.greedy:
         return int(torch.argmax(logits))
-    logits = logits / params.temperature
-    if 0 < params.top_k < logits.numel():
-        candidates, ids = torch.topk(logits, params.top_k)  # [k], sorted descending
-    elif params.top_p < 1.0:
-        candidates, ids = torch.sort(logits, descending=True)  # top-p needs the order
-    else:
-        candidates, ids = logits, None  # the full distribution, unordered
-    probs = torch.softmax(candidates, dim=-1)
-    if params.top_p < 1.0:  # keep the smallest prefix whose mass reaches top_p
-        keep = probs.cumsum(dim=-1) - probs < params.top_p
-        probs = probs * keep
+    probs, ids = candidates(logits, params)
     cdf = probs.cumsum(dim=-1)
     u = torch.rand(1, generator=generator) * cdf[-1]
     pick = min(int(torch.searchsorted(cdf, u)), cdf.numel() - 1)
     return int(ids[pick]) if ids is not None else pick
+
+
+def candidates(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The distribution a draw is made from: (weights of the candidates, not normalized, with
+    0 for those cut; their ids, or None when they are the whole vocabulary, position = id).
+
+    Each cut is judged on the temperature-scaled distribution, so a token is kept when it
+    passes all of them: among the ``top_k`` likeliest; within the smallest set of likeliest
+    tokens whose mass reaches ``top_p``; at least ``min_p`` times as likely as the likeliest
+    (llama.cpp's and vLLM's ``min_p``). Works on the top-k candidates only (``torch.topk`` is
+    cheap; a sort of a 150k vocabulary is not).
+    """
+    logits = logits / params.temperature
+    if 0 < params.top_k < logits.numel():
+        scores, ids = torch.topk(logits, params.top_k)  # [k], sorted descending
+    elif params.top_p < 1.0:
+        scores, ids = torch.sort(logits, descending=True)  # top-p needs the order
+    else:
+        scores, ids = logits, None  # the full distribution, unordered
+    probs = torch.softmax(scores, dim=-1)
+    if params.top_p < 1.0:  # keep the smallest prefix whose mass reaches top_p
+        keep = probs.cumsum(dim=-1) - probs < params.top_p
+        probs = probs * keep
+    if params.min_p > 0.0:  # the likeliest token passes every cut above, so its probability is the max
+        probs = probs * (probs >= params.min_p * probs.max())
+    return probs, ids
 
 
 def logprobs(logits: torch.Tensor, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:

@@ -87,8 +87,9 @@ class Batch:
         to end); refusals go back as Failed."""
         rid = req.request_id
         try:
+            self.engine.check(req.params)  # a logit_bias id outside the vocabulary
             prompt = self.engine.prompt(list(req.messages), req.params.max_new_tokens, req.params.enable_thinking)
-        except RequestError as exc:  # too long, or refused by the model's chat template: the message says why
+        except RequestError as exc:  # too long, refused by the chat template, bad settings: the message says why
             self.conn.send(Failed(rid, str(exc), ErrorCode.INVALID_REQUEST))
             return
         need, budget = self.engine.kv_need(prompt.ids, req.params), self.engine.conversations.budget_bytes
