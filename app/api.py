@@ -186,11 +186,12 @@ async def _chain(first, rest: AsyncIterator) -> AsyncIterator:
 
 
 def token_logprobs(tokens: tuple[TokenLogprob, ...]) -> list[dict]:
-    """OpenAI's ``logprobs.content`` entries."""
-    def entry(token: str, logprob: float) -> dict:
-        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8", "replace"))}
+    """OpenAI's ``logprobs.content`` entries; ``bytes`` are the token's own (a token that
+    carries part of a character has bytes its text cannot show)."""
+    def entry(t: TokenLogprob) -> dict:
+        return {"token": t.token, "logprob": t.logprob, "bytes": list(t.raw)}
 
-    return [{**entry(t.token, t.logprob), "top_logprobs": [entry(tok, lp) for tok, lp in t.top]} for t in tokens]
+    return [{**entry(t), "top_logprobs": [entry(alt) for alt in t.top]} for t in tokens]
 
 
 async def complete(completion_id: str, model_name: str, first, events: AsyncIterator,

@@ -75,5 +75,9 @@ def test_logprobs_report_each_token_and_its_likeliest_alternatives(engine):
     assert len(tokens) == len(seq.generated) > 0
     for token in tokens:
         assert len(token.top) == 3
-        assert token.top[0] == (token.token, pytest.approx(token.logprob))  # greedy takes the likeliest
-        assert token.logprob <= 0 and sum(math.exp(lp) for _, lp in token.top) <= 1 + 1e-5
+        best = token.top[0]
+        assert (best.token, best.raw) == (token.token, token.raw)  # greedy takes the likeliest
+        assert best.logprob == pytest.approx(token.logprob)
+        assert token.logprob <= 0 and sum(math.exp(t.logprob) for t in token.top) <= 1 + 1e-5
+    # each token's own bytes: together, the reply's (a random model writes parts of characters too)
+    assert b"".join(t.raw for t in tokens).decode("utf-8", "replace") == engine.tokenizer.decode(seq.generated)

@@ -110,12 +110,15 @@ class Notice:
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """A generated token as text, its log-probability under the model, and the likeliest
-    alternatives at its position (``SamplingParams.logprobs`` of them)."""
+    """A generated token as text, its log-probability under the model, its own bytes (a
+    byte-fallback token's are part of a character, which its text cannot show), and the
+    likeliest alternatives at its position (``SamplingParams.logprobs`` of them, each with
+    no ``top`` of its own)."""
 
     token: str
     logprob: float
-    top: tuple[tuple[str, float], ...] = ()
+    top: tuple[TokenLogprob, ...] = ()
+    raw: bytes = b""
 
 
 @dataclass(frozen=True)

@@ -6,11 +6,17 @@ the tail decodes to U+FFFD and emit it once the character is complete. Decoding 
 short window (``prefix_offset``..end) keeps the cost per token constant, and decoding the
 window with a few tokens of left context keeps tokenizers that add spaces at word starts
 (SentencePiece) right. The same scheme as vLLM's and TGI's ``decode_token``.
+
+``TokenBytes`` gives a token's own bytes, which its decoded text cannot: a token that
+carries part of a character decodes to U+FFFD alone.
 """
 
 from __future__ import annotations
 
+import re
+
 REPLACEMENT = "\ufffd"
+BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback
 
 
 class IncrementalDetokenizer:
@@ -74,3 +80,56 @@ class StopStrings:
         """At the end: what was held back turned out not to be a stop string."""
         held, self._held = self._held, ""
         return "" if self.stopped else held
+
+
+class TokenBytes:
+    """A token id → the bytes it stands for, as OpenAI's ``logprobs[].bytes`` reports them
+    (the bytes of all of a reply's tokens add up to its text's UTF-8).
+
+    From the token's piece in the vocabulary, not its decoded text: in a byte-level BPE
+    (GPT-2's, Qwen's, SmolLM2's, Llama 3's) each character of the piece stands for one byte
+    through GPT-2's byte-to-unicode table; in a SentencePiece vocabulary ``<0xE4>`` is that
+    byte and ``▁`` a space. Added tokens (``<|im_end|>``, ``<think>``) are their own text.
+    """
+
+    def __init__(self, tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self._added = {i: t.content for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()}
+        self._byte_level = _byte_level(tokenizer)
+        self._known: dict[int, bytes] = {}
+
+    def __call__(self, token_id: int) -> bytes:
+        if (known := self._known.get(token_id)) is None:
+            known = self._known[token_id] = self._bytes(token_id)
+        return known
+
+    def _bytes(self, token_id: int) -> bytes:
+        if token_id in self._added:
+            return self._added[token_id].encode("utf-8")
+        piece = self._tokenizer.convert_ids_to_tokens(token_id)
+        if not isinstance(piece, str):  # no piece for this id: what it decodes to is all there is
+            return self._tokenizer.decode([token_id]).encode("utf-8")
+        if self._byte_level and all(c in UNICODE_TO_BYTE for c in piece):
+            return bytes(UNICODE_TO_BYTE[c] for c in piece)
+        if match := BYTE_PIECE.fullmatch(piece):
+            return bytes([int(match.group(1), 16)])
+        return piece.replace("\u2581", " ").encode("utf-8")
+
+
+def _byte_level(tokenizer) -> bool:
+    """Whether the tokenizer's decoder maps pieces to bytes through GPT-2's table."""
+    decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+    if decoder is None:
+        return hasattr(tokenizer, "byte_decoder")  # a slow GPT-2-style tokenizer
+    return b'"ByteLevel"' in decoder.__getstate__()  # its JSON, alone or in a Sequence
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's table: each byte → a printable character (printable Latin-1 bytes stand for
+    themselves, the others are moved to 256 and up)."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    moved = [b for b in range(256) if b not in kept]
+    return {**{b: chr(b) for b in kept}, **{b: chr(256 + n) for n, b in enumerate(moved)}}
+
+
+UNICODE_TO_BYTE = {c: b for b, c in _bytes_to_unicode().items()}

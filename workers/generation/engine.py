@@ -36,7 +36,7 @@ import torch
 
 from workers.decoders.base import Decoder, KVCache
 from workers.generation.conversations import Conversations
-from workers.generation.detokenize import IncrementalDetokenizer, StopStrings
+from workers.generation.detokenize import IncrementalDetokenizer, StopStrings, TokenBytes
 from workers.generation.processors import LogitsProcessor, process, processors_for
 from workers.generation.prompt import Prompt, build_prompt
 from workers.errors import InvalidInput
@@ -100,6 +100,7 @@ class Engine:
         self.context_tokens = min(self.decoder.max_seq_len, self.config.max_context_tokens)
         self.conversations = Conversations(self.decoder.new_cache, self.decoder.kv_bytes_per_token,
                                            self.config.kv_cache_bytes)
+        self.token_bytes = TokenBytes(self.tokenizer)
         self.vocab_size = len(self.tokenizer)
 
     def check(self, params: SamplingParams) -> None:
@@ -241,14 +242,17 @@ class Engine:
         seq.generated.append(token)
         if seq.params.logprobs is not None:
             logp, top = logprobs(logits, token, seq.params.logprobs)
-            decode = self.tokenizer.decode
-            seq.unsent_logprobs.append(TokenLogprob(decode([token]), logp, tuple((decode([i]), p) for i, p in top)))
+            seq.unsent_logprobs.append(self._logprob(token, logp, tuple(self._logprob(i, p) for i, p in top)))
         if len(seq.generated) >= seq.budget:
             seq.reason = FinishReason.LENGTH
         text, stopped = seq.stop_strings.push(seq.detok.push(token))
         if stopped:
             seq.reason = FinishReason.STOP
         return Step(text)
+
+    def _logprob(self, token: int, logprob: float, top: tuple[TokenLogprob, ...] = ()) -> TokenLogprob:
+        """A token as ``logprobs`` report it: its own text, and its own bytes (``TokenBytes``)."""
+        return TokenLogprob(self.tokenizer.decode([token]), logprob, top, self.token_bytes(token))
 
     def abandon(self, seq: Sequence) -> None:
         """Drop a sequence that failed: release its KV memory, keep nothing of it."""
