@@ -13,10 +13,11 @@ conversations it may reuse, and is the caller the per-caller caps count. Both th
 streamed chunk and the plain response carry ``usage`` and a ``metrics`` object (worker,
 prompt/completion tokens, TTFT, decode tokens/s), and ``logprobs`` when asked for.
 
-A reasoning model's ``<think>…</think>`` comes back as ``reasoning_content`` (in the message,
-or in the stream's deltas), apart from ``content``, as Qwen3's OpenAI-compatible servers do;
-``enable_thinking: false`` (or vLLM's ``chat_template_kwargs: {"enable_thinking": false}``)
-asks the chat template for an answer without it.
+A reasoning model's ``<think>…</think>`` comes back as ``reasoning`` and as
+``reasoning_content`` (in the message, or in the stream's deltas: vLLM renamed the second to
+the first, and clients read either), apart from ``content``, as Qwen3's OpenAI-compatible
+servers do; ``enable_thinking: false`` (or vLLM's ``chat_template_kwargs:
+{"enable_thinking": false}``) asks the chat template for an answer without it.
 """
 
 from __future__ import annotations
@@ -194,6 +195,11 @@ def token_logprobs(tokens: tuple[TokenLogprob, ...]) -> list[dict]:
     return [{**entry(t), "top_logprobs": [entry(alt) for alt in t.top]} for t in tokens]
 
 
+def reasoning(thinking: str) -> dict:
+    """Thinking under both names clients read: vLLM's ``reasoning`` and the older ``reasoning_content``."""
+    return {"reasoning": thinking, "reasoning_content": thinking}
+
+
 async def complete(completion_id: str, model_name: str, first, events: AsyncIterator,
                    logprobs: bool = False) -> JSONResponse:
     text, notices, tokens = [], [], []
@@ -210,7 +216,7 @@ async def complete(completion_id: str, model_name: str, first, events: AsyncIter
                 thinking, answer = split_thinking("".join(text))
                 message = {"role": "assistant", "content": answer}
                 if thinking.strip():
-                    message["reasoning_content"] = thinking.strip()
+                    message |= reasoning(thinking.strip())
                 return JSONResponse({
                     "id": completion_id,
                     "object": "chat.completion",
@@ -255,7 +261,7 @@ async def sse(completion_id: str, model_name: str, first, events: AsyncIterator,
     def parts(thinking: str, answer: str, tokens: tuple[TokenLogprob, ...] = ()) -> str:
         """A chunk for what can be shown now; tokens whose text is still held back (it may
         open a thinking tag) keep their log-probabilities in it all the same."""
-        delta = ({"reasoning_content": thinking} if thinking else {}) | ({"content": answer} if answer else {})
+        delta = (reasoning(thinking) if thinking else {}) | ({"content": answer} if answer else {})
         return chunk(delta, tokens=tokens) if delta or (logprobs and tokens) else ""
 
     try:

@@ -2,8 +2,9 @@
 
 Qwen3 (and DeepSeek-R1's distills) begin a reply with ``<think>``, reason, close with
 ``</think>`` and then answer. The page shows the reasoning as a collapsible block above
-the answer and the API returns it as ``reasoning_content``, as Qwen3's OpenAI-compatible
-servers do; neither ever sends it back into the next prompt.
+the answer and the API returns it as ``reasoning`` and ``reasoning_content`` (vLLM's new
+and old names), as Qwen3's OpenAI-compatible servers do; neither ever sends it back into the
+next prompt.
 
     split = ThinkingSplit()
     for text in chunks:
