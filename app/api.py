@@ -6,12 +6,15 @@
                                 start-up stage or error, each worker's pid, cores, threads, state
     GET  /docs, /openapi.json   the API's documentation (with --auth: to a logged-in caller)
 
-What a client may send is ``app.api_schema``'s; a message the model cannot take gets 400;
+What a client may send is ``app.api_schema``'s (also the OpenAPI document's request body,
+so ``/docs`` shows it); a message the model cannot take gets 400;
 a busy server 503 with Retry-After; a caller with ``caller_queue`` requests already waiting
 429 with Retry-After. A request's scope (``app.auth.caller_scope``) decides whose kept
-conversations it may reuse, and is the caller the per-caller caps count. Both the last
-streamed chunk and the plain response carry ``usage`` and a ``metrics`` object (worker,
-prompt/completion tokens, TTFT, decode tokens/s), and ``logprobs`` when asked for.
+conversations it may reuse, and is the caller the per-caller caps count. The plain response
+carries ``usage``; a stream ends with a chunk of ``usage`` (and no choices) only when
+``stream_options.include_usage`` asks for it, as OpenAI's does. Both carry a ``metrics``
+object (worker, prompt/completion tokens, TTFT, decode tokens/s; in a stream, on the chunk
+with the ``finish_reason``), and ``logprobs`` when asked for, each token with its own bytes.
 
 A reasoning model's ``<think>…</think>`` comes back as ``reasoning`` and as
 ``reasoning_content`` (in the message, or in the stream's deltas: vLLM renamed the second to
@@ -26,6 +29,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -35,7 +39,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 
-from app.api_schema import parse_body
+from app.api_schema import parse_body, request_schema
 from app.auth import Login, caller_scope
 from app.dispatcher import Dispatcher, Queued
 from app.startup import Startup
@@ -46,6 +50,7 @@ from workers.protocol import Chunk, Done, ErrorCode, Failed, Notice, SamplingPar
 STATUS_FOR = {ErrorCode.INVALID_REQUEST: 400, ErrorCode.BUSY: 503, ErrorCode.TOO_MANY: 429,
               ErrorCode.UNAVAILABLE: 503, ErrorCode.INTERNAL: 500}
 RETRY_AFTER_S = {ErrorCode.BUSY: 5, ErrorCode.TOO_MANY: 5}  # tells a client when trying again makes sense
+NAMED_FIELD = re.compile(r"\(field '([^']+)'\)")  # how a refusal's message names its field
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
 
 
@@ -60,8 +65,10 @@ async def validation_error(_: Request, exc: RequestValidationError) -> JSONRespo
 
 async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
     """Errors in the shape OpenAI clients read (``{"error": {"message": ...}}``, so the SDK's
-    exception says why), with FastAPI's ``detail`` kept beside it."""
-    body = {"error": openai_error(str(exc.detail), exc.status_code), "detail": exc.detail}
+    exception says why), with FastAPI's ``detail`` kept beside it; ``param`` names the field
+    at fault (``app.api_schema.FieldError``)."""
+    body = {"error": openai_error(str(exc.detail), exc.status_code, getattr(exc, "param", None)),
+            "detail": exc.detail}
     return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
 
@@ -130,7 +137,9 @@ def build_router(dispatcher: Dispatcher, startup: Startup, defaults: SamplingPar
         async def docs() -> HTMLResponse:
             return get_swagger_ui_html(openapi_url="/openapi.json", title="CPU Chat API")
 
-    @router.post("/v1/chat/completions")
+    body = {"requestBody": {"required": True, "content": {"application/json": {"schema": request_schema()}}}}
+
+    @router.post("/v1/chat/completions", openapi_extra=body)  # the body is read by hand (parse_body)
     async def chat_completions(request: Request, scope: str = Depends(scope_of)):
         req = await parse_body(request)
         try:
@@ -144,9 +153,8 @@ def build_router(dispatcher: Dispatcher, startup: Startup, defaults: SamplingPar
         if isinstance(first, Failed):
             raise refusal(first)
         if req.stream:
-            return StreamingResponse(
-                sse(completion_id, model_name(), first, events, bool(req.logprobs)), media_type="text/event-stream"
-            )
+            return StreamingResponse(sse(completion_id, model_name(), first, events, bool(req.logprobs),
+                                         req.include_usage), media_type="text/event-stream")
         return await until_disconnected(request, complete(completion_id, model_name(), first, events,
                                                           bool(req.logprobs)))
 
@@ -175,9 +183,14 @@ async def until_disconnected(request: Request, reply):
 
 
 def refusal(failed: Failed) -> HTTPException:
+    """The HTTP status for a worker's or the dispatcher's refusal; a field its message names
+    (a ``logit_bias`` id outside the vocabulary) is the error's ``param``."""
     retry = RETRY_AFTER_S.get(failed.code)
-    return HTTPException(STATUS_FOR[failed.code], failed.message,
-                         headers={"Retry-After": str(retry)} if retry else None)
+    error = HTTPException(STATUS_FOR[failed.code], failed.message,
+                          headers={"Retry-After": str(retry)} if retry else None)
+    if failed.code is ErrorCode.INVALID_REQUEST and (named := NAMED_FIELD.search(failed.message)):
+        error.param = named.group(1)
+    return error
 
 
 async def _chain(first, rest: AsyncIterator) -> AsyncIterator:
@@ -238,19 +251,25 @@ async def complete(completion_id: str, model_name: str, first, events: AsyncIter
 
 
 async def sse(completion_id: str, model_name: str, first, events: AsyncIterator,
-              logprobs: bool = False) -> AsyncIterator[str]:
-    """Server-sent events in the OpenAI chunk format; a client that disconnects cancels."""
+              logprobs: bool = False, include_usage: bool = False) -> AsyncIterator[str]:
+    """Server-sent events in the OpenAI chunk format; a client that disconnects cancels.
+    ``include_usage``: as OpenAI's, every chunk has ``usage: null`` and one more chunk, with no
+    choices, comes before ``[DONE]`` with the usage."""
 
     def chunk(delta: dict, finish: str | None = None, tokens: tuple[TokenLogprob, ...] = (), **extra) -> str:
         choice = {"index": 0, "delta": delta, "finish_reason": finish}
         if logprobs:
             choice["logprobs"] = {"content": token_logprobs(tokens), "refusal": None}
+        return event_data([choice], **extra)
+
+    def event_data(choices: list, **extra) -> str:
         body = {
             "id": completion_id,
             "object": "chat.completion.chunk",
             "created": int(time.time()),
             "model": model_name,
-            "choices": [choice],
+            "choices": choices,
+            **({"usage": None} if include_usage else {}),
             **extra,
         }
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
@@ -278,7 +297,9 @@ async def sse(completion_id: str, model_name: str, first, events: AsyncIterator,
             elif isinstance(event, Done):
                 if delta := parts(*split.flush()):
                     yield delta
-                yield chunk({}, event.finish_reason.value, usage=usage(event), metrics=reply_metrics(event))
+                yield chunk({}, event.finish_reason.value, metrics=reply_metrics(event))
+                if include_usage:
+                    yield event_data([], usage=usage(event))
         yield "data: [DONE]\n\n"
     finally:
         await events.aclose()  # a dropped connection lands here: the worker gets a Cancel

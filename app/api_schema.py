@@ -1,10 +1,14 @@
 """What an API client may send to /v1/chat/completions, validated before anything runs.
 
-Out-of-range fields are refused with 422 by the request model (the limits are the ones in
-``app.validation``); NaN or infinity, and a field this server cannot honour yet, get a 400
-that names the field; a body over ``MAX_REQUEST_BYTES`` gets a 413 before it is parsed, and
-one that is not ``application/json`` a 415 before it is read: a web page may POST
-``text/plain`` to 127.0.0.1 from any site without the browser asking first, but not JSON.
+No field is ignored: each of OpenAI's chat-completions fields is honoured, accepted as
+informational (``INFORMATIONAL``: it changes no reply), or refused with a 400 that names it
+until it is built (``NOT_YET``); a field OpenAI does not have (nor this server as its own)
+gets a 400 naming it, as OpenAI answers. Out-of-range fields are refused with 422 by the
+request model (the limits are the ones in ``app.validation``); NaN or infinity a 400 naming
+the field; a body over ``MAX_REQUEST_BYTES`` gets a 413 before it is parsed, and one that is
+not ``application/json`` a 415 before it is read: a web page may POST ``text/plain`` to
+127.0.0.1 from any site without the browser asking first, but not JSON. Every 400 about a
+field names it in the error's ``param`` (``FieldError``).
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import re
+from collections.abc import Callable
 from typing import Literal
 
 from fastapi import HTTPException, Request
@@ -20,12 +26,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from starlette.requests import ClientDisconnect
 
 from app.validation import (
+    LOGIT_BIAS_RANGE,
+    MAX_LOGIT_BIAS,
     MAX_LOGPROBS,
     MAX_MESSAGE_CHARS,
     MAX_MESSAGES,
     MAX_REQUEST_BYTES,
     MAX_STOP_STRINGS,
     MAX_NEW_TOKENS,
+    MIN_P_RANGE,
+    PENALTY_RANGE,
     REPETITION_PENALTY_RANGE,
     TEMPERATURE_RANGE,
     TOP_K_RANGE,
@@ -36,12 +46,37 @@ from app.validation import (
 )
 from workers.protocol import ChatMessage, SamplingParams
 
+TOKEN_ID = re.compile(r"[0-9]{1,9}")  # a logit_bias key
+
+
+class FieldError(HTTPException):
+    """A 400 about one field of the request: ``param`` names it in the error body, as OpenAI's
+    errors do (``app.api.http_error``)."""
+
+    def __init__(self, message: str, param: str, status: int = 400) -> None:
+        super().__init__(status, message)
+        self.param = param
+
 
 class MessageIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # an unknown field: 400 naming it
+
     role: Literal["system", "developer", "user", "assistant"]  # developer: newer OpenAI clients' system
     content: str = Field(max_length=MAX_MESSAGE_CHARS)
+    name: str | None = Field(None, max_length=256, description="accepted; the chat templates served have no "
+                                                                "place for a participant's name")
+    # What an SDK's reply object holds, when a client sends it back as history: accepted empty
+    # (tool_calls, function_call, audio, tool_call_id refused otherwise: ``refuse_unsupported``).
+    refusal: str | None = None
+    annotations: list | None = None
+    reasoning_content: str | None = Field(None, description="accepted; thinking never goes back into the prompt")
+    reasoning: str | None = Field(None, description="accepted; thinking never goes back into the prompt")
+    tool_calls: list | None = None
+    function_call: object = None
+    audio: object = None
+    tool_call_id: str | None = None
 
-    @field_validator("content", mode="before")
+    @field_validator("content", mode="before", json_schema_input_type=str | list[dict])
     @classmethod
     def _clean(cls, value):
         """Text parts (``[{"type": "text", "text": ...}]``, as LangChain and Open WebUI send) are
@@ -59,41 +94,101 @@ class MessageIn(BaseModel):
         return "system" if self.role == "developer" else self.role
 
 
-NOT_SUPPORTED = {  # fields whose non-default value this server cannot honour yet: refused, never ignored
-    "n": "n > 1 (one choice per request)",
-    "tools": "tools",
-    "tool_choice": "tool_choice",
-    "functions": "functions",
-    "response_format": "a response_format other than text",
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: bool | None = Field(None, description="true: a last chunk with the usage (and no choices)")
+    include_obfuscation: bool | None = Field(None, description="this server does not pad chunks: false or unset")
+
+
+# Fields this server cannot honour yet, each refused by name when set to anything but what
+# changes nothing (a 400 from ``refuse_unsupported``): the one place to lift when one is built.
+NOT_YET: dict[str, tuple[str, Callable[[ChatRequest], bool]]] = {
+    "n": ("n > 1 (one choice per request)", lambda r: r.n not in (None, 1)),
+    "tools": ("tools", lambda r: bool(r.tools)),
+    "tool_choice": ("tool_choice other than none", lambda r: r.tool_choice not in (None, "none")),
+    "functions": ("functions", lambda r: bool(r.functions)),
+    "function_call": ("function_call other than none", lambda r: r.function_call not in (None, "none")),
+    "response_format": ("a response_format other than text",
+                        lambda r: r.response_format not in (None, {"type": "text"})),
+    "audio": ("audio output", lambda r: r.audio is not None),
+    "modalities": ("modalities other than text", lambda r: r.modalities not in (None, ["text"])),
+    "prediction": ("predicted outputs (prediction)", lambda r: r.prediction is not None),
+    "web_search_options": ("web search", lambda r: r.web_search_options is not None),
+    "reasoning_effort": ("reasoning_effort (enable_thinking: false turns thinking off)",
+                         lambda r: r.reasoning_effort is not None),
+    "verbosity": ("verbosity", lambda r: r.verbosity is not None),
+    "moderation": ("moderation", lambda r: r.moderation is not None),
+    "stream_options.include_obfuscation": ("obfuscation padding in stream chunks (send false or leave it out)",
+                                           lambda r: bool(r.stream_options and r.stream_options.include_obfuscation)),
 }
+MESSAGE_NOT_YET = {  # a message field → what it would need
+    "tool_calls": "tool calls", "function_call": "function calls", "audio": "audio", "tool_call_id": "tool results",
+}
+# Accepted and recorded nowhere: they tell OpenAI about the caller or its billing, and change
+# no reply (docs/api.md). Listed so that a field is never ignored by accident.
+INFORMATIONAL = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
+                 "prompt_cache_retention", "prompt_cache_options", "parallel_tool_calls")
 
 
 class ChatRequest(BaseModel):
-    model_config = ConfigDict(allow_inf_nan=False)  # NaN/inf: "finite_number", refused with 400 (decode_body)
+    # Unknown fields: 400 naming them, as OpenAI answers (decode_body). NaN/inf: "finite_number", 400 too.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    model: str | None = None  # accepted for compatibility; one model is served
+    # honoured
+    model: str | None = Field(None, description="any name: one model is served")
     messages: list[MessageIn] = Field(min_length=1, max_length=MAX_MESSAGES)
     stream: bool = False
+    stream_options: StreamOptions | None = None
     temperature: float | None = Field(None, ge=TEMPERATURE_RANGE[0], le=TEMPERATURE_RANGE[1])
     top_p: float | None = Field(None, ge=TOP_P_RANGE[0], le=TOP_P_RANGE[1])
-    top_k: int | None = Field(None, ge=TOP_K_RANGE[0], le=TOP_K_RANGE[1])
-    repetition_penalty: float | None = Field(
-        None, ge=REPETITION_PENALTY_RANGE[0], le=REPETITION_PENALTY_RANGE[1]
-    )
     max_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS)
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS)
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     stop: str | list[str] | None = None
+    presence_penalty: float | None = Field(None, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1],
+                                           description="subtracted from the logit of each token the reply has had")
+    frequency_penalty: float | None = Field(None, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1],
+                                            description="subtracted once per time the reply has had a token")
+    logit_bias: dict[str, float] | None = Field(
+        None, description=f"token id (a string of digits) → added to its logit, {LOGIT_BIAS_RANGE[0]:g} to "
+                          f"{LOGIT_BIAS_RANGE[1]:g}")
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    # this server's own, as vLLM's and llama.cpp's servers take them
+    top_k: int | None = Field(None, ge=TOP_K_RANGE[0], le=TOP_K_RANGE[1])
+    min_p: float | None = Field(None, ge=MIN_P_RANGE[0], le=MIN_P_RANGE[1],
+                                description="keep tokens at least min_p times as likely as the likeliest")
+    repetition_penalty: float | None = Field(
+        None, ge=REPETITION_PENALTY_RANGE[0], le=REPETITION_PENALTY_RANGE[1]
+    )
     session_id: str | None = Field(None, max_length=128, description="a hint: which of your conversations this is")
     enable_thinking: bool | None = Field(None, description="false: Qwen3 and similar answer without thinking")
-    chat_template_kwargs: dict | None = None  # vLLM's spelling; only enable_thinking is read
-    n: int | None = None
+    chat_template_kwargs: dict | None = Field(None, description="vLLM's spelling; enable_thinking only")
+    # informational (INFORMATIONAL): accepted, change nothing
+    user: str | None = None
+    metadata: dict | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: dict | None = None
+    parallel_tool_calls: bool | None = None
+    # not yet (NOT_YET): refused by name unless unset or set to what changes nothing
+    n: int | None = Field(None, ge=1)
     tools: list | None = None
     tool_choice: object = None
     functions: list | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    function_call: object = None
     response_format: dict | None = None
+    audio: object = None
+    modalities: list[str] | None = None
+    prediction: object = None
+    web_search_options: object = None
+    reasoning_effort: object = None
+    verbosity: object = None
+    moderation: object = None
 
     @field_validator("stop")
     @classmethod
@@ -103,28 +198,57 @@ class ChatRequest(BaseModel):
             raise ValueError(f"stop takes up to {MAX_STOP_STRINGS} non-empty strings of at most 200 characters")
         return stops
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _biases(cls, value):
+        """Keys are token ids, as strings (JSON's keys are); whether the model has them, only a
+        worker can tell (``Engine.check``: a 400)."""
+        if value is None:
+            return None
+        if len(value) > MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias takes at most {MAX_LOGIT_BIAS} tokens, not {len(value)}")
+        low, high = LOGIT_BIAS_RANGE
+        for key, bias in value.items():
+            if not TOKEN_ID.fullmatch(key):
+                raise ValueError(f"logit_bias keys are token ids, strings of digits such as \"1234\", not {key[:40]!r}")
+            if not low <= bias <= high:
+                raise ValueError(f"logit_bias of token {key} is {bias}; a bias is from {low} to {high}")
+        return value
+
     def refuse_unsupported(self) -> None:
-        """A 400 naming the first field set to something this server does not do yet."""
-        unsupported = {
-            "n": self.n not in (None, 1),
-            "tools": bool(self.tools),
-            "tool_choice": self.tool_choice not in (None, "none"),
-            "functions": bool(self.functions),
-            "response_format": self.response_format not in (None, {"type": "text"}),
-        }
-        for name, asked in unsupported.items():
-            if asked:
-                raise InvalidInput(f"This server does not support {NOT_SUPPORTED[name]} yet (field '{name}'); "
-                                   "remove it from the request.")
+        """A 400 naming the first field set to something this server does not do yet (``NOT_YET``)."""
+        for name, (what, asked) in NOT_YET.items():
+            if asked(self):
+                raise FieldError(f"This server does not support {what} yet (field '{name}'); "
+                                 "remove it from the request.", name)
+        for i, message in enumerate(self.messages):
+            for name, what in MESSAGE_NOT_YET.items():
+                if getattr(message, name):
+                    param = f"messages.{i}.{name}"
+                    raise FieldError(f"This server does not support {what} in messages yet (field '{param}'); "
+                                     "remove it from the request.", param)
         if self.top_logprobs is not None and not self.logprobs:
-            raise InvalidInput("top_logprobs needs logprobs set to true (field 'top_logprobs').")
+            raise FieldError("top_logprobs needs logprobs set to true (field 'top_logprobs').", "top_logprobs")
+        if self.stream_options is not None and not self.stream:
+            raise FieldError("stream_options is only allowed with stream set to true (field 'stream_options').",
+                             "stream_options")
+        for key, value in (self.chat_template_kwargs or {}).items():
+            if key != "enable_thinking" or not isinstance(value, bool):
+                param = f"chat_template_kwargs.{key}"
+                raise FieldError(f"chat_template_kwargs takes only enable_thinking, true or false (field '{param}').",
+                                 param)
 
     def sampling(self, defaults: SamplingParams) -> SamplingParams:
         given = {
             "temperature": self.temperature,
             "top_p": self.top_p,
             "top_k": self.top_k,
+            "min_p": self.min_p,
             "repetition_penalty": self.repetition_penalty,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "logit_bias": tuple(sorted((int(k), v) for k, v in self.logit_bias.items()))
+                          if self.logit_bias is not None else None,
             "max_new_tokens": self.max_completion_tokens or self.max_tokens,
             "seed": self.seed,
             "stop": tuple(self.stop) if self.stop else None,
@@ -132,6 +256,11 @@ class ChatRequest(BaseModel):
             "enable_thinking": self.thinking_switch(),
         }
         return dataclasses.replace(defaults, **{k: v for k, v in given.items() if v is not None})
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether the stream ends with a usage chunk: only when asked, as OpenAI's."""
+        return bool(self.stream_options and self.stream_options.include_usage)
 
     def thinking_switch(self) -> bool | None:
         if self.enable_thinking is not None:
@@ -146,6 +275,22 @@ class ChatRequest(BaseModel):
         return [ChatMessage(m.chat_role, clean_text(m.content)) for m in history] + [
             ChatMessage("user", check_message(last.content))
         ]
+
+
+def request_schema() -> dict:
+    """The request's JSON schema with its ``$defs`` written in place, for the OpenAPI document
+    (whose references resolve against the whole document, not this schema)."""
+    schema = ChatRequest.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def inline(node):
+        if isinstance(node, dict):
+            if (ref := node.get("$ref", "")).startswith("#/$defs/"):
+                return inline({**defs[ref.removeprefix("#/$defs/")], **{k: v for k, v in node.items() if k != "$ref"}})
+            return {k: inline(v) for k, v in node.items()}
+        return [inline(v) for v in node] if isinstance(node, list) else node
+
+    return inline(schema)
 
 
 async def parse_body(request: Request) -> ChatRequest:
@@ -188,7 +333,12 @@ def decode_body(raw: bytes) -> ChatRequest:
     try:
         return ChatRequest.model_validate(data)
     except ValidationError as exc:
-        if fields := [".".join(map(str, e["loc"])) for e in exc.errors() if e["type"] == "finite_number"]:
-            raise HTTPException(400, f"{' and '.join(fields)} must be a finite number, not NaN or infinity "
-                                     f"(field '{fields[0]}').") from exc
-        raise RequestValidationError(exc.errors()) from exc
+        errors = exc.errors()
+        if fields := [".".join(map(str, e["loc"])) for e in errors if e["type"] == "finite_number"]:
+            raise FieldError(f"{' and '.join(fields)} must be a finite number, not NaN or infinity "
+                             f"(field '{fields[0]}').", fields[0]) from exc
+        if unknown := [".".join(map(str, e["loc"])) for e in errors if e["type"] == "extra_forbidden"]:
+            raise FieldError(f"Unrecognized request argument supplied: {', '.join(unknown)}. This server takes "
+                             "OpenAI's chat-completions fields and a few of its own (its /docs lists them); "
+                             f"remove it from the request (field '{unknown[0]}').", unknown[0]) from exc
+        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in errors]) from exc  # as FastAPI's

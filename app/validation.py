@@ -25,6 +25,10 @@ TEMPERATURE_RANGE = (0.0, 2.0)
 TOP_P_RANGE = (0.01, 1.0)
 TOP_K_RANGE = (0, 1000)  # 0 = no top-k
 REPETITION_PENALTY_RANGE = (1.0, 2.0)
+PENALTY_RANGE = (-2.0, 2.0)  # presence_penalty, frequency_penalty: as OpenAI's API
+MIN_P_RANGE = (0.0, 1.0)  # 0 = no min-p
+LOGIT_BIAS_RANGE = (-100.0, 100.0)  # as OpenAI's API
+MAX_LOGIT_BIAS = 300  # tokens one request may bias
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 

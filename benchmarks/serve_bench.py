@@ -17,12 +17,13 @@ def stream_tokens(url: str, max_tokens: int, seed: int) -> int:
     """One streaming request; returns completion tokens. Sampling at temperature 1 keeps a
     random-weight model from hitting a stop token early."""
     body = {"messages": [{"role": "user", "content": PROMPT}], "stream": True, "max_tokens": max_tokens,
+            "stream_options": {"include_usage": True},  # the last chunk's usage counts the tokens
             "temperature": 1.0, "top_p": 1.0, "top_k": 0, "repetition_penalty": 1.0, "seed": seed}
     tokens = 0
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
         r.raise_for_status()
         for line in r.iter_lines():
-            if '"usage"' in line:
+            if '"usage": {' in line:  # the usage chunk (the others have usage: null)
                 tokens = int(line.split('"completion_tokens": ')[1].split(",")[0])
     return tokens
 

@@ -59,22 +59,28 @@ def test_openai_sdk_streams_with_usage_and_metrics(app):
     chunks, arrivals = [], []  # arrivals: when each piece of text came
     began = time.monotonic()
     for chunk in client.chat.completions.create(model="any", messages=[{"role": "user", "content": CAPITAL}],
-                                                stream=True, temperature=0.0, max_tokens=48):
+                                                stream=True, stream_options={"include_usage": True},
+                                                temperature=0.0, max_tokens=48):
         chunks.append(chunk)
         if chunk.choices and chunk.choices[0].delta.content:
             arrivals.append(time.monotonic())
     ended = time.monotonic()
-    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert "Paris" in text
-    last = chunks[-1]
-    assert last.choices[0].finish_reason == "stop"
+    *_, finish, last = chunks  # as OpenAI's: the finish reason, then the usage in a chunk of its own
+    assert finish.choices[0].finish_reason == "stop" and last.choices == []
+    assert all(c.usage is None for c in chunks[:-1])
     assert last.usage.completion_tokens >= len(arrivals) > 2  # it streams, a token or more a piece
-    metrics = last.model_extra["metrics"]
+    metrics = finish.model_extra["metrics"]
     assert metrics["worker"] in (0, 1)
     # the time to first token and the tokens/s it reports are this reply's: within what the client saw
     assert 0 < metrics["ttft_ms"] / 1000 <= arrivals[0] - began, (metrics, arrivals[0] - began)
     decode_s = (last.usage.completion_tokens - 1) / metrics["decode_tokens_per_s"]
     assert decode_s <= ended - began, (metrics, ended - began)
+    unasked = list(client.chat.completions.create(model="any", messages=[{"role": "user", "content": CAPITAL}],
+                                                  stream=True, temperature=0.0, max_tokens=4))
+    assert all(c.usage is None and c.choices for c in unasked)  # no usage, as OpenAI's, unless asked for
+    assert unasked[-1].choices[0].finish_reason == "length" and "metrics" in unasked[-1].model_extra
 
 
 def test_openai_non_stream_and_bad_input(app):
@@ -124,6 +130,70 @@ def test_openai_sdk_fields_are_honoured_or_refused_by_name(app):
     with pytest.raises(openai.UnprocessableEntityError, match="only text content parts"):
         client.chat.completions.create(messages=image, **ask)
     assert app.health()["ready"]
+
+
+def test_logit_bias_forces_or_bans_a_token(app, bundled_tokenizer):
+    client = openai.OpenAI(base_url=app.url + "/v1", api_key="unused", max_retries=0)
+    ask = dict(model="any", messages=[{"role": "user", "content": CAPITAL}], temperature=0.0, max_tokens=6,
+               logprobs=True)
+    (paris,) = bundled_tokenizer(" Paris", add_special_tokens=False).input_ids
+    forced = client.chat.completions.create(logit_bias={str(paris): 100}, **ask).choices[0]
+    assert [t.token for t in forced.logprobs.content] == [" Paris"] * 6 and forced.message.content == " Paris" * 6
+    first = client.chat.completions.create(**ask).choices[0].logprobs.content[0].token  # greedy: "The"
+    (greedy,) = bundled_tokenizer(first, add_special_tokens=False).input_ids
+    banned = client.chat.completions.create(logit_bias={str(greedy): -100}, **ask).choices[0]
+    assert banned.logprobs.content[0].token != first
+    with pytest.raises(openai.BadRequestError, match="outside this model's vocabulary") as refused:
+        client.chat.completions.create(logit_bias={str(len(bundled_tokenizer)): 1}, **ask)
+    assert refused.value.param == "logit_bias"
+
+
+def test_frequency_penalty_cuts_repetition_and_min_p_1_is_greedy(app):
+    client = openai.OpenAI(base_url=app.url + "/v1", api_key="unused", max_retries=0)
+    ask = dict(model="any", messages=[{"role": "user", "content": "Write the word 'hello' twenty times."}],
+               temperature=0.0, max_tokens=32, logprobs=True, extra_body={"repetition_penalty": 1.0})
+
+    def repeats(penalty: float) -> int:
+        tokens = [t.token for t in client.chat.completions.create(frequency_penalty=penalty, **ask)
+                  .choices[0].logprobs.content]
+        return len(tokens) - len(set(tokens))
+
+    plain, penalized = repeats(0.0), repeats(2.0)
+    assert penalized < plain and plain > 10, (penalized, plain)  # greedy alone says hello over and over
+    greedy = client.chat.completions.create(model="any", messages=[{"role": "user", "content": CAPITAL}],
+                                            temperature=0.0, max_tokens=24)
+    only_likeliest = client.chat.completions.create(model="any", messages=[{"role": "user", "content": CAPITAL}],
+                                                    temperature=1.0, seed=3, max_tokens=24, extra_body={"min_p": 1.0})
+    assert only_likeliest.choices[0].message.content == greedy.choices[0].message.content
+
+
+def test_an_unknown_field_is_a_400_naming_it_and_the_openapi_document_describes_the_request(app):
+    client = openai.OpenAI(base_url=app.url + "/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="Unrecognized request argument supplied: frobnicate") as refused:
+        client.chat.completions.create(model="any", messages=[{"role": "user", "content": CAPITAL}], max_tokens=4,
+                                       extra_body={"frobnicate": True})
+    assert refused.value.param == "frobnicate" and refused.value.type == "invalid_request_error"
+    informational = client.chat.completions.create(model="any", messages=[{"role": "user", "content": CAPITAL}],
+                                                   max_tokens=4, user="alice", metadata={"k": "v"}, store=False,
+                                                   service_tier="auto")
+    assert informational.choices[0].message.content
+    schema = httpx.get(app.url + "/openapi.json", timeout=10).json()["paths"]["/v1/chat/completions"]["post"][
+        "requestBody"]["content"]["application/json"]["schema"]
+    assert {"messages", "logit_bias", "frequency_penalty", "min_p", "stream_options"} <= set(schema["properties"])
+
+
+def test_logprobs_bytes_are_each_tokens_own(app):
+    """An emoji is several byte-level tokens, each decoding to U+FFFD alone: their ``bytes``
+    add up to the reply's UTF-8 (up to a character the token limit cut short)."""
+    client = openai.OpenAI(base_url=app.url + "/v1", api_key="unused", max_retries=0)
+    reply = client.chat.completions.create(model="any", messages=[{"role": "user", "content": "Write the emoji for "
+                                                                   "a rocket."}], temperature=0.0, max_tokens=24,
+                                           logprobs=True).choices[0]
+    tokens, text = reply.logprobs.content, reply.message.content.encode("utf-8")
+    joined = b"".join(bytes(t.bytes) for t in tokens)
+    assert joined[:len(text)] == text and len(joined) - len(text) < 4
+    split = [t for t in tokens if "\ufffd" in t.token]
+    assert split and all(b"\xef\xbf\xbd" not in bytes(t.bytes) for t in split)  # the bytes, not U+FFFD's
 
 
 def test_a_guessed_session_id_gets_nothing_of_another_clients_conversation(app):
