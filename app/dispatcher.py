@@ -6,14 +6,9 @@
                      FIFO of waiters (bounded); a slot freed by Done/Failed goes to the first
                      (the first whose caller holds fewer than ``caller_slots``, if any waits)
 
-A conversation returns to the worker that holds its KV cache (``app.routing``).
-
-Who asks (``caller``: an API user or client address, a browser session) is kept apart from
-``scope`` (whose kept conversations a request may reuse), so that one caller cannot shut
-everyone else out: a caller holding ``caller_slots`` slots still queues, but its waiters let
-other callers' go first (``app.dispatch_policy.next_in_line``; with nobody else waiting it
-is served at once, so one caller alone is not slowed), and a caller with ``caller_queue``
-requests waiting is refused the next (``ErrorCode.TOO_MANY``: the API's 429).
+A conversation returns to the worker that holds its KV cache (``app.routing``). The line and
+the per-caller caps (``caller_slots``, ``caller_queue``) are ``app.fairness``'s books: the
+dispatcher tells it of every slot leased and freed, and asks it whom to serve next.
 
 All dispatcher state lives on the event loop thread; the workers themselves (processes,
 pipes, respawn) are ``app.pool``'s, which reports their messages and deaths on that thread.
@@ -37,12 +32,11 @@ import asyncio
 import logging
 import time
 import uuid
-from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
 
-from app.dispatch_policy import (Progress, WorkerHandle, WorkerSnapshot, WorkerState, next_in_line, pick_worker,
-                                  serving_order)
+from app.dispatch_policy import Progress, WorkerHandle, WorkerSnapshot, WorkerState, pick_worker
+from app.fairness import CallerLedger, Waiter
 from app.pool import ProcessPool
 from app.routing import Routes
 from workers.host.cores import WorkerLayout
@@ -62,18 +56,6 @@ class Queued:
     also grow (a newcomer whose caller holds fewer slots goes ahead) and is told again then."""
 
     position: int
-
-
-@dataclass(eq=False)
-class Waiter:
-    """A request waiting for a free slot; the future resolves to its lease (None: give up).
-    ``moved`` is set whenever its place in line may have changed, or its wait ended."""
-
-    request_id: str
-    future: asyncio.Future
-    caller: str = ""
-    moved: asyncio.Event = field(default_factory=asyncio.Event)
-    position: int = 0  # its place in line, from the last ``_queue_moved``
 
 
 Observer = Callable[[Done | Failed], None]  # gets each request's final event
@@ -111,10 +93,8 @@ class Dispatcher:
         self._by_id = {w.id: w for w in self.workers}
         self.start_error: str | None = None  # why the workers could not be started
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._waiters: deque[Waiter] = deque()
+        self._ledger = CallerLedger(config.caller_slots, config.caller_queue)
         self._channels: dict[str, asyncio.Queue] = {}
-        self._callers: dict[str, str] = {}  # request_id -> its caller, while it holds a slot
-        self._held: dict[str, int] = {}  # caller -> slots it holds (callers "" not counted)
         self._routes = Routes()
         self._last = -1
 
@@ -137,15 +117,7 @@ class Dispatcher:
         """The model could not be prepared: fail every waiting request, and every later one,
         with ``message`` instead of letting them wait for workers that will never come."""
         self.start_error = message
-        self._turn_away_waiters()
-
-    def _turn_away_waiters(self) -> None:
-        """No worker will come for the waiting requests: end their wait (``stream`` says why)."""
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.future.done():
-                waiter.future.set_result(None)
-            waiter.moved.set()
+        self._ledger.turn_away()  # ``stream`` says why
 
     async def stop(self) -> None:
         """Stop every worker; requests still streaming end with a clear message."""
@@ -194,9 +166,9 @@ class Dispatcher:
             self._free(worker, request_id)
         worker.progress.clear()
         if self.failing:  # nobody would ever serve the waiting requests: tell them now
-            self._turn_away_waiters()
+            self._ledger.turn_away()
         else:  # their callers hold fewer slots now: the order of those waiting may change
-            self._queue_moved()
+            self._ledger.renumber()
 
     @property
     def failing(self) -> bool:
@@ -221,31 +193,15 @@ class Dispatcher:
     # leasing --------------------------------------------------------------------------
 
     def _hand_out(self) -> None:
-        """Give free slots to waiting requests: first come first served, except that the
-        waiters of a caller holding ``caller_slots`` let the others' go first (``next_in_line``)."""
+        """Give free slots to waiting requests, in the order ``app.fairness`` keeps."""
         served = False
-        while True:
-            self._waiters = deque(w for w in self._waiters if not w.future.done())  # gave up while waiting
-            if not self._waiters or (worker := pick_worker(self.workers, self._last)) is None:
-                break
-            waiter = self._waiters[next_in_line([w.caller for w in self._waiters], self._held,
-                                                self.config.caller_slots)]
-            self._waiters.remove(waiter)
+        while (worker := pick_worker(self.workers, self._last)) is not None and \
+                (waiter := self._ledger.next_waiter()) is not None:
             waiter.future.set_result(self._lease(worker, waiter.request_id, waiter.caller))
             waiter.moved.set()  # its wait is over
             served = True
         if served:
-            self._queue_moved()
-
-    def _queue_moved(self) -> None:
-        """Work out every waiter's place in line (``serving_order``) and tell each one that it
-        may have changed."""
-        live = [w for w in self._waiters if not w.future.done()]
-        order = serving_order([w.caller for w in live], self._held, self.config.caller_slots)
-        for place, i in enumerate(order, 1):
-            live[i].position = place
-        for waiter in self._waiters:
-            waiter.moved.set()
+            self._ledger.renumber()
 
     def _lease(self, worker: WorkerHandle, request_id: str, caller: str = "") -> Lease:
         """A slot for the request, and its channel at once: whatever happens to the worker
@@ -255,22 +211,22 @@ class Dispatcher:
         worker.active.add(request_id)
         worker.settle()
         self._last = worker.id
-        if caller:
-            self._callers[request_id] = caller
-            self._held[caller] = self._held.get(caller, 0) + 1
+        self._ledger.hold(request_id, caller)
         return lease
 
     def _free(self, worker: WorkerHandle, request_id: str) -> None:
         """The request's slot is free again (its caller holds one fewer)."""
         worker.active.discard(request_id)
-        if (caller := self._callers.pop(request_id, None)) is not None:
-            self._held[caller] -= 1
-            if not self._held[caller]:
-                del self._held[caller]
+        self._ledger.release(request_id)
 
     def waiting(self, caller: str) -> int:
         """How many of ``caller``'s requests wait for a slot."""
-        return sum(w.caller == caller and not w.future.done() for w in self._waiters)
+        return self._ledger.waiting(caller)
+
+    @property
+    def _held(self) -> Mapping[str, int]:
+        """The slots each caller holds (``tests/unit/test_fair_callers.py`` reads them)."""
+        return self._ledger.held
 
     async def _acquire(self, request_id: str, prefer: int | None,
                        caller: str = "") -> AsyncIterator[Queued | Lease | Failed]:
@@ -282,18 +238,14 @@ class Dispatcher:
             if worker is not None:
                 yield self._lease(worker, request_id, caller)
                 return
-        limit = self.config.caller_queue
-        if caller and limit and self.waiting(caller) >= limit:
-            yield Failed(request_id, f"You already have {limit} requests waiting for a worker, the most one "
-                         f"caller may have (caller_queue = {limit}). Please wait for one of them to finish, "
-                         "then try again.", ErrorCode.TOO_MANY)
+        if (too_many := self._ledger.refusal(request_id, caller)) is not None:
+            yield too_many
             return
         if self.queue_depth >= self.config.max_queue:
             yield self._busy(request_id)
             return
         waiter = Waiter(request_id, self._loop.create_future(), caller)
-        self._waiters.append(waiter)
-        self._queue_moved()  # a newcomer under its cap goes ahead of waiters whose callers are at theirs
+        self._ledger.join(waiter)
         position = None
         try:
             while not waiter.future.done():
@@ -307,9 +259,7 @@ class Dispatcher:
             if waiter.future.done() and not waiter.future.cancelled() and waiter.future.result():
                 self._release_unused(waiter.future.result().worker, request_id)  # leased to us just as we gave up
             waiter.future.cancel()
-            if waiter in self._waiters:
-                self._waiters.remove(waiter)
-                self._queue_moved()
+            self._ledger.leave(waiter)
             raise
         yield waiter.future.result()
 
@@ -325,7 +275,7 @@ class Dispatcher:
 
     def queue_position(self, waiter: Waiter) -> int:
         """Its place in line (see ``Queued``); 0 once it no longer waits."""
-        return waiter.position if waiter in self._waiters and not waiter.future.done() else 0
+        return self._ledger.position(waiter)
 
     # the one public call --------------------------------------------------------------
 
@@ -401,7 +351,7 @@ class Dispatcher:
 
     @property
     def queue_depth(self) -> int:
-        return sum(not w.future.done() for w in self._waiters)
+        return self._ledger.depth
 
     def snapshot(self) -> list[WorkerSnapshot]:
         return [w.snapshot() for w in self.workers]
