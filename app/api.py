@@ -29,54 +29,23 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Depends, HTTPException, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 
+from app.api_errors import openai_error, refusal
 from app.api_schema import parse_body, request_schema
 from app.auth import Login, caller_scope
 from app.dispatcher import Dispatcher, Queued
 from app.startup import Startup
 from app.thinking import ThinkingSplit, split_thinking
 from app.validation import InvalidInput
-from workers.protocol import Chunk, Done, ErrorCode, Failed, Notice, SamplingParams, TokenLogprob
-
-STATUS_FOR = {ErrorCode.INVALID_REQUEST: 400, ErrorCode.BUSY: 503, ErrorCode.TOO_MANY: 429,
-              ErrorCode.UNAVAILABLE: 503, ErrorCode.INTERNAL: 500}
-RETRY_AFTER_S = {ErrorCode.BUSY: 5, ErrorCode.TOO_MANY: 5}  # tells a client when trying again makes sense
-NAMED_FIELD = re.compile(r"\(field '([^']+)'\)")  # how a refusal's message names its field
+from workers.protocol import Chunk, Done, Failed, Notice, SamplingParams, TokenLogprob
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
-
-
-async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-    """422 naming each bad field, without echoing the input back (it may be huge, or unencodable)."""
-    fields = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
-              for e in exc.errors()]
-    named = "; ".join(f"{'.'.join(map(str, f['loc'][1:] or f['loc']))}: {f['msg']}" for f in fields)
-    param = ".".join(map(str, fields[0]["loc"][1:])) if fields else None
-    return JSONResponse({"error": openai_error(named, 422, param), "detail": fields}, status_code=422)
-
-
-async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-    """Errors in the shape OpenAI clients read (``{"error": {"message": ...}}``, so the SDK's
-    exception says why), with FastAPI's ``detail`` kept beside it; ``param`` names the field
-    at fault (``app.api_schema.FieldError``)."""
-    body = {"error": openai_error(str(exc.detail), exc.status_code, getattr(exc, "param", None)),
-            "detail": exc.detail}
-    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
-
-
-def openai_error(message: str, status: int, param: str | None = None) -> dict:
-    kind = {400: "invalid_request_error", 401: "authentication_error", 413: "invalid_request_error",
-            415: "invalid_request_error", 421: "invalid_request_error", 422: "invalid_request_error",
-            429: "rate_limit_error", 503: "server_busy"}.get(status, "server_error")
-    return {"message": message, "type": kind, "param": param, "code": status}
 
 
 def usage(done: Done) -> dict:
@@ -144,10 +113,11 @@ def build_router(dispatcher: Dispatcher, startup: Startup, defaults: SamplingPar
         req = await parse_body(request)
         try:
             req.refuse_unsupported()
-            messages = await asyncio.to_thread(req.chat_messages)  # cleans megabytes, maybe: off the loop
+            # cleans megabytes, maybe, and compiles a schema: off the loop
+            messages, grammar = await asyncio.to_thread(lambda: (req.chat_messages(), req.grammar()))
         except InvalidInput as exc:
             raise HTTPException(400, str(exc)) from exc
-        events = dispatcher.stream(messages, req.sampling(defaults), scope, req.session_id, caller=scope)
+        events = dispatcher.stream(messages, req.sampling(defaults, grammar), scope, req.session_id, caller=scope)
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         first = await anext(events)  # a refusal (queue full, prompt too long) becomes an HTTP status
         if isinstance(first, Failed):
@@ -180,17 +150,6 @@ async def until_disconnected(request: Request, reply):
                 await task
             return JSONResponse({"error": openai_error("The client disconnected.", 499)}, status_code=499)
     return task.result()
-
-
-def refusal(failed: Failed) -> HTTPException:
-    """The HTTP status for a worker's or the dispatcher's refusal; a field its message names
-    (a ``logit_bias`` id outside the vocabulary) is the error's ``param``."""
-    retry = RETRY_AFTER_S.get(failed.code)
-    error = HTTPException(STATUS_FOR[failed.code], failed.message,
-                          headers={"Retry-After": str(retry)} if retry else None)
-    if failed.code is ErrorCode.INVALID_REQUEST and (named := NAMED_FIELD.search(failed.message)):
-        error.param = named.group(1)
-    return error
 
 
 async def _chain(first, rest: AsyncIterator) -> AsyncIterator:

@@ -25,6 +25,8 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.requests import ClientDisconnect
 
+from app.api_errors import FieldError
+from app.structured import ResponseFormat, response_grammar
 from app.validation import (
     LOGIT_BIAS_RANGE,
     MAX_LOGIT_BIAS,
@@ -47,15 +49,6 @@ from app.validation import (
 from workers.protocol import ChatMessage, SamplingParams
 
 TOKEN_ID = re.compile(r"[0-9]{1,9}")  # a logit_bias key
-
-
-class FieldError(HTTPException):
-    """A 400 about one field of the request: ``param`` names it in the error body, as OpenAI's
-    errors do (``app.api.http_error``)."""
-
-    def __init__(self, message: str, param: str, status: int = 400) -> None:
-        super().__init__(status, message)
-        self.param = param
 
 
 class MessageIn(BaseModel):
@@ -109,8 +102,6 @@ NOT_YET: dict[str, tuple[str, Callable[[ChatRequest], bool]]] = {
     "tool_choice": ("tool_choice other than none", lambda r: r.tool_choice not in (None, "none")),
     "functions": ("functions", lambda r: bool(r.functions)),
     "function_call": ("function_call other than none", lambda r: r.function_call not in (None, "none")),
-    "response_format": ("a response_format other than text",
-                        lambda r: r.response_format not in (None, {"type": "text"})),
     "audio": ("audio output", lambda r: r.audio is not None),
     "modalities": ("modalities other than text", lambda r: r.modalities not in (None, ["text"])),
     "prediction": ("predicted outputs (prediction)", lambda r: r.prediction is not None),
@@ -165,6 +156,8 @@ class ChatRequest(BaseModel):
     session_id: str | None = Field(None, max_length=128, description="a hint: which of your conversations this is")
     enable_thinking: bool | None = Field(None, description="false: Qwen3 and similar answer without thinking")
     chat_template_kwargs: dict | None = Field(None, description="vLLM's spelling; enable_thinking only")
+    response_format: ResponseFormat | None = Field(None, description="JSON the reply must be: json_object, "
+                                                                      "json_schema (app.structured)")
     # informational (INFORMATIONAL): accepted, change nothing
     user: str | None = None
     metadata: dict | None = None
@@ -181,7 +174,6 @@ class ChatRequest(BaseModel):
     tool_choice: object = None
     functions: list | None = None
     function_call: object = None
-    response_format: dict | None = None
     audio: object = None
     modalities: list[str] | None = None
     prediction: object = None
@@ -238,7 +230,12 @@ class ChatRequest(BaseModel):
                 raise FieldError(f"chat_template_kwargs takes only enable_thinking, true or false (field '{param}').",
                                  param)
 
-    def sampling(self, defaults: SamplingParams) -> SamplingParams:
+    def grammar(self) -> str:
+        """What the reply must match (``app.structured``); compiling a schema takes a while: call
+        it off the event loop."""
+        return response_grammar(self.response_format)
+
+    def sampling(self, defaults: SamplingParams, grammar: str = "") -> SamplingParams:
         given = {
             "temperature": self.temperature,
             "top_p": self.top_p,
@@ -254,6 +251,7 @@ class ChatRequest(BaseModel):
             "stop": tuple(self.stop) if self.stop else None,
             "logprobs": (self.top_logprobs or 0) if self.logprobs else None,
             "enable_thinking": self.thinking_switch(),
+            "grammar": grammar or None,
         }
         return dataclasses.replace(defaults, **{k: v for k, v in given.items() if v is not None})
 

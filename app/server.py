@@ -30,7 +30,8 @@ import uvicorn
 from fastapi import FastAPI, HTTPException
 from fastapi.exceptions import RequestValidationError
 
-from app.api import build_router, http_error, validation_error
+from app.api import build_router
+from app.api_errors import http_error, validation_error
 from app.auth import AuthError, Login, LoginThrottle, PageLoginThrottle, parse_auth
 from app.backends import pool_factory
 from app.config import AppConfig, ConfigError

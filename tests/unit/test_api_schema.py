@@ -12,7 +12,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.testclient import TestClient
 from openai.types.chat.completion_create_params import CompletionCreateParamsBase
 
-from app.api import build_router, http_error, validation_error
+from app.api import build_router
+from app.api_errors import http_error, validation_error
 from app.api_schema import INFORMATIONAL, NOT_YET, ChatRequest, FieldError, decode_body
 from workers.protocol import SamplingParams
 
@@ -80,7 +81,7 @@ def test_a_reply_sent_back_as_history_is_accepted_as_the_sdk_dumps_it():
 
 NOT_YET_ASKED = {
     "n": 2, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto",
-    "functions": [{"name": "f"}], "function_call": "auto", "response_format": {"type": "json_object"},
+    "functions": [{"name": "f"}], "function_call": "auto",
     "audio": {"voice": "alloy", "format": "wav"}, "modalities": ["text", "audio"],
     "prediction": {"type": "content", "content": "x"}, "web_search_options": {}, "reasoning_effort": "low",
     "verbosity": "low", "moderation": {"model": "m"},

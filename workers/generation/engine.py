@@ -37,6 +37,7 @@ import torch
 from workers.decoders.base import Decoder, KVCache
 from workers.generation.conversations import Conversations
 from workers.generation.detokenize import IncrementalDetokenizer, StopStrings, TokenBytes
+from workers.generation.grammar import Grammars
 from workers.generation.processors import LogitsProcessor, process, processors_for
 from workers.generation.prompt import Prompt, build_prompt
 from workers.errors import InvalidInput
@@ -102,13 +103,17 @@ class Engine:
                                            self.config.kv_cache_bytes)
         self.token_bytes = TokenBytes(self.tokenizer)
         self.vocab_size = len(self.tokenizer)
+        self.grammars = Grammars(self.tokenizer, tuple(sorted(self.stop_ids)))
 
     def check(self, params: SamplingParams) -> None:
         """Refuse what only this model can tell is wrong: a ``logit_bias`` token id outside its
-        vocabulary (the API checks everything else before a worker sees the request)."""
+        vocabulary, a grammar its tokenizer cannot follow (the API checks everything else, the
+        grammar's syntax too, before a worker sees the request)."""
         if outside := sorted(i for i, _ in params.logit_bias if not 0 <= i < self.vocab_size):
             raise InvalidInput(f"logit_bias names token id {outside[0]}, outside this model's vocabulary "
                                f"(ids 0 to {self.vocab_size - 1}) (field 'logit_bias').")
+        if params.grammar:
+            self.grammars.check(params.grammar)
 
     # prompt --------------------------------------------------------------------------
 
@@ -158,7 +163,7 @@ class Engine:
             kv_bytes=self.kv_need(prompt_ids, params),
             detok=IncrementalDetokenizer(self.tokenizer),
             stop_strings=StopStrings(params.stop),
-            processors=processors_for(params, prompt_ids, self.config.repetition_window),
+            processors=processors_for(params, prompt_ids, self.config.repetition_window, self.grammars),
             generator=torch.Generator().manual_seed(params.seed) if params.seed is not None else None,
         )
         self.conversations.commit(seq.kv_bytes)

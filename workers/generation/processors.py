@@ -4,14 +4,14 @@ One step of a reply runs, in this order: the decoder's call → logits per seque
 sequence's processors, each reshaping its logits → the sampler (``workers.generation.sampling``)
 → stop checks and text (``workers.generation.engine``). A processor sees one sequence's
 logits [V] and returns new ones (never in place: the raw logits stay for ``logprobs``),
-then hears which token was chosen, so it can keep state (a penalty's history; a grammar's
-mask of allowed tokens would enter the same way).
+then hears which token was chosen, so it can keep state (a penalty's history, a grammar's
+parse: ``workers.generation.grammar``).
 
 Each sequence has its own processors, built from its own request's ``SamplingParams``, so
 the replies of one batch are penalized each by its own settings and its own history.
 
 The order is vLLM's and llama.cpp's: ``logit_bias`` first, then the repetition penalty,
-then the presence and frequency penalties.
+then the presence and frequency penalties; a grammar's mask last (it only ever bans).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Protocol
 
 import torch
 
+from workers.generation.grammar import Grammars
 from workers.protocol import SamplingParams
 
 
@@ -99,9 +100,10 @@ class PresenceFrequencyPenalty:
             self.counts[slot] += 1
 
 
-def processors_for(params: SamplingParams, prompt_ids: list[int], window: int) -> tuple[LogitsProcessor, ...]:
+def processors_for(params: SamplingParams, prompt_ids: list[int], window: int,
+                   grammars: Grammars | None = None) -> tuple[LogitsProcessor, ...]:
     """The processors a request's settings ask for, in the order they apply; none for the
-    settings that change nothing."""
+    settings that change nothing. ``grammars`` compiles ``params.grammar``, where it is set."""
     processors: list[LogitsProcessor] = []
     if params.logit_bias:
         processors.append(LogitBias.of(params.logit_bias))
@@ -110,6 +112,8 @@ def processors_for(params: SamplingParams, prompt_ids: list[int], window: int) -
                                             torch.tensor(prompt_ids[-window:], dtype=torch.long)))
     if params.presence_penalty or params.frequency_penalty:
         processors.append(PresenceFrequencyPenalty(params.presence_penalty, params.frequency_penalty))
+    if params.grammar:
+        processors.append(grammars.mask(params.grammar))
     return tuple(processors)
 
 

@@ -1,0 +1,64 @@
+"""Errors as OpenAI's clients read them: ``{"error": {"message", "type", "param", "code"}}``,
+so the SDK's exception says why and names the field at fault, with FastAPI's ``detail``
+kept beside it; and the HTTP status for each kind of refusal a worker or the dispatcher sends.
+"""
+
+from __future__ import annotations
+
+import re
+
+from fastapi import HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from workers.protocol import ErrorCode, Failed
+
+STATUS_FOR = {ErrorCode.INVALID_REQUEST: 400, ErrorCode.BUSY: 503, ErrorCode.TOO_MANY: 429,
+              ErrorCode.UNAVAILABLE: 503, ErrorCode.INTERNAL: 500}
+RETRY_AFTER_S = {ErrorCode.BUSY: 5, ErrorCode.TOO_MANY: 5}  # tells a client when trying again makes sense
+NAMED_FIELD = re.compile(r"\(field '([^']+)'\)")  # how a refusal's message names its field
+
+
+async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    """422 naming each bad field, without echoing the input back (it may be huge, or unencodable)."""
+    fields = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+              for e in exc.errors()]
+    named = "; ".join(f"{'.'.join(map(str, f['loc'][1:] or f['loc']))}: {f['msg']}" for f in fields)
+    param = ".".join(map(str, fields[0]["loc"][1:])) if fields else None
+    return JSONResponse({"error": openai_error(named, 422, param), "detail": fields}, status_code=422)
+
+
+async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    """Errors in the shape OpenAI clients read (``{"error": {"message": ...}}``, so the SDK's
+    exception says why), with FastAPI's ``detail`` kept beside it; ``param`` names the field
+    at fault (``FieldError``)."""
+    body = {"error": openai_error(str(exc.detail), exc.status_code, getattr(exc, "param", None)),
+            "detail": exc.detail}
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+
+def openai_error(message: str, status: int, param: str | None = None) -> dict:
+    kind = {400: "invalid_request_error", 401: "authentication_error", 413: "invalid_request_error",
+            415: "invalid_request_error", 421: "invalid_request_error", 422: "invalid_request_error",
+            429: "rate_limit_error", 503: "server_busy"}.get(status, "server_error")
+    return {"message": message, "type": kind, "param": param, "code": status}
+
+
+class FieldError(HTTPException):
+    """A 400 about one field of the request: ``param`` names it in the error body, as OpenAI's
+    errors do (``http_error``)."""
+
+    def __init__(self, message: str, param: str, status: int = 400) -> None:
+        super().__init__(status, message)
+        self.param = param
+
+
+def refusal(failed: Failed) -> HTTPException:
+    """The HTTP status for a worker's or the dispatcher's refusal; a field its message names
+    (a ``logit_bias`` id outside the vocabulary) is the error's ``param``."""
+    retry = RETRY_AFTER_S.get(failed.code)
+    error = HTTPException(STATUS_FOR[failed.code], failed.message,
+                          headers={"Retry-After": str(retry)} if retry else None)
+    if failed.code is ErrorCode.INVALID_REQUEST and (named := NAMED_FIELD.search(failed.message)):
+        error.param = named.group(1)
+    return error

@@ -1,0 +1,120 @@
+"""Constrained decoding's cost: decode tok/s with a json_schema against without, the same
+prompt, alternating in one run, through the running app's API; and what compiling costs.
+
+    python -m benchmarks.structured_bench [--repeats 5] [--max-tokens 128]
+
+On the bundled SmolLM2 and on the Qwen1.5-0.5B shape (random weights; it carries the bundled
+tokenizer, so its masks are a 49k vocabulary's, not Qwen's 151k). A random model under a
+schema whose only field is a long string writes until it samples a closing quote, so both
+replies run for tens of tokens. Writes ``benchmarks/results/<CPU class>/structured.{md,json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from benchmarks import qwen_shape
+from benchmarks.run import CACHE, _machine, save
+from benchmarks.stats import Summary, fmt
+from tests.e2e import start_app
+
+PROMPT = "Write a long story about a lighthouse keeper and the sea, with many details."
+SCHEMA = {"type": "object", "properties": {"story": {"type": "string"}}, "required": ["story"],
+          "additionalProperties": False}
+
+
+def reply_rate(url: str, max_tokens: int, seed: int, constrained: bool) -> tuple[float, int]:
+    """One request's decode tok/s (the worker's own measure) and its token count."""
+    body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens, "temperature": 1.0,
+            "top_p": 1.0, "top_k": 0, "repetition_penalty": 1.0, "seed": seed}
+    if constrained:
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "story", "schema": SCHEMA}}
+    reply = httpx.post(url + "/v1/chat/completions", json=body, timeout=600).raise_for_status().json()
+    return reply["metrics"]["decode_tokens_per_s"], reply["usage"]["completion_tokens"]
+
+
+def compile_ms(tokenizer_dir: str) -> dict:
+    """The API's schema → grammar, the worker's one-off view of the tokenizer, and a grammar's compile."""
+    from transformers import AutoTokenizer
+
+    from app.structured import JSON_LAYOUT
+    from llguidance import LLMatcher
+    from workers.generation.grammar import Vocabulary
+
+    started = time.perf_counter()
+    grammar = LLMatcher.grammar_from_json_schema(SCHEMA, overrides=JSON_LAYOUT)
+    LLMatcher.validate_grammar_with_warnings(grammar)
+    api_ms = (time.perf_counter() - started) * 1000
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    started = time.perf_counter()
+    vocab = Vocabulary.of(tokenizer, (tokenizer.eos_token_id,))
+    vocab_ms = (time.perf_counter() - started) * 1000
+    started = time.perf_counter()
+    LLMatcher(vocab.llg, grammar)
+    return {"api_grammar_ms": round(api_ms, 2), "tokenizer_view_ms": round(vocab_ms, 1),
+            "worker_compile_ms": round((time.perf_counter() - started) * 1000, 2)}
+
+
+def measure(tmp: Path, model: str, repeats: int, max_tokens: int) -> dict:
+    app = start_app(tmp, "--model", model, "--workers", "1", "--threads-per-worker", "2", "--log-level", "warning")
+    try:
+        reply_rate(app.url, 8, 0, constrained=True)  # warm-up: the worker's tokenizer view is built here
+        runs = {"plain": [], "json_schema": []}
+        tokens = {"plain": [], "json_schema": []}
+        for r in range(repeats):
+            for kind in (("plain", "json_schema") if r % 2 == 0 else ("json_schema", "plain")):
+                rate, n = reply_rate(app.url, max_tokens, seed=r, constrained=kind == "json_schema")
+                runs[kind].append(rate)
+                tokens[kind].append(n)
+        plain, shaped = Summary.of(runs["plain"]), Summary.of(runs["json_schema"])
+        return {"plain_tok_s": plain.dict(), "json_schema_tok_s": shaped.dict(),
+                "ratio": shaped.ratio_to(plain).dict(), "tokens": tokens}
+    finally:
+        app.stop()
+
+
+def markdown(machine: dict, rows: dict) -> str:
+    lines = [f"# Constrained decoding: tok/s with a json_schema against without ({machine['cpus']}, "
+             f"{machine['cores']} cores)", "",
+             "One worker, 2 threads, the same prompt at temperature 1, alternating; the worker's own decode "
+             "tok/s per reply; median (min–max).", "",
+             "| model | plain tok/s | json_schema tok/s | ratio | tokens per reply (plain / schema) |",
+             "|---|---|---|---|---|"]
+    for name, row in rows.items():
+        if name == "compile":
+            continue
+        t = row["tokens"]
+        lines.append(f"| {name} | {fmt(row['plain_tok_s'])} | {fmt(row['json_schema_tok_s'])} | "
+                     f"{fmt(row['ratio'], 2)} | {sorted(t['plain'])} / {sorted(t['json_schema'])} |")
+    c = rows["compile"]
+    lines += ["", f"Compiling the schema: {c['api_grammar_ms']} ms in the API (schema → grammar, checked), "
+                  f"{c['worker_compile_ms']} ms in the worker (kept for the next request with it); the worker's "
+                  f"view of the tokenizer, built once on its first constrained request: {c['tokenizer_view_ms']} ms."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    args = parser.parse_args(argv)
+    from workers.loading.resolve import BUNDLED_SPEC, resolve_model
+
+    bundled = resolve_model(BUNDLED_SPEC, CACHE)
+    shape = qwen_shape.build(CACHE / "qwen1.5-0.5b-shape", bundled.path)
+    rows = {"compile": compile_ms(bundled.path)}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, model in (("bundled SmolLM2-135M", "bundled"), ("Qwen1.5-0.5B shape", str(shape))):
+            rows[name] = measure(Path(tmp), model, args.repeats, args.max_tokens)
+    machine = _machine()
+    save(machine, "structured", {"machine": machine, **rows}, markdown(machine, rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

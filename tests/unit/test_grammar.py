@@ -1,0 +1,122 @@
+"""Constrained decoding (``workers.generation.grammar``, grammars from ``app.structured``) on a
+byte-level tokenizer built here (GPT-2's byte table, as Qwen's and SmolLM2's): random logits
+under a schema's mask always give JSON that matches it, and the reply ends once the JSON is
+complete; a thinking model's thinking goes unconstrained; a schema that cannot be compiled is
+a 400 naming its field."""
+
+import json
+
+import pytest
+import torch
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from app.api_errors import FieldError
+from app.structured import ResponseFormat, response_grammar
+from workers.generation.detokenize import UNICODE_TO_BYTE
+from workers.generation.grammar import Grammars, Phase
+from workers.generation.processors import process, processors_for
+from workers.protocol import SamplingParams
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 150}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+def byte_tokenizer(*added: str) -> PreTrainedTokenizerFast:
+    alphabet = sorted(UNICODE_TO_BYTE, key=UNICODE_TO_BYTE.get)  # the 256 characters, in byte order
+    tokenizer = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([AddedToken(t, special=True) for t in ("<|im_end|>", *added)])
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer)
+
+
+def schema_format(schema: dict, strict: bool = True) -> ResponseFormat:
+    return ResponseFormat.model_validate({"type": "json_schema",
+                                          "json_schema": {"name": "x", "schema": schema, "strict": strict}})
+
+
+def run(tokenizer, grammar: str, seed: int, steps: int = 400, padded_vocab: int = 0) -> tuple[str, bool]:
+    """Draw from random logits through the grammar's mask; the text, and whether it ended on the stop token."""
+    stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    grammars = Grammars(tokenizer, (stop,))
+    params = SamplingParams(max_new_tokens=steps, grammar=grammar)
+    processors = processors_for(params, [], 8, grammars)
+    rng = torch.Generator().manual_seed(seed)
+    ids = []
+    for _ in range(steps):
+        logits = torch.randn(len(tokenizer) + padded_vocab, generator=rng) * 3
+        masked = process(processors, logits)
+        token = int(torch.multinomial(torch.softmax(masked, -1), 1, generator=rng))
+        for p in processors:
+            p.advance(token)
+        if token == stop:
+            return tokenizer.decode(ids), True
+        ids.append(token)
+    return tokenizer.decode(ids), False
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_logits_under_a_schema_give_json_that_matches_it_and_then_end(seed):
+    text, ended = run(byte_tokenizer(), response_grammar(schema_format(PERSON)), seed, padded_vocab=7)
+    assert ended, text
+    value = json.loads(text)
+    assert set(value) == {"name", "age"} and isinstance(value["name"], str) and len(value["name"]) <= 12
+    assert isinstance(value["age"], int) and 0 <= value["age"] <= 150
+    assert "\n" not in text and "  " not in text  # no runaway whitespace: the layout is fixed
+
+
+def test_json_object_gives_an_object_and_the_raw_logits_are_left_as_given():
+    tokenizer = byte_tokenizer()
+    grammar = response_grammar(ResponseFormat(type="json_object"))
+    for seed in range(4):
+        text, ended = run(tokenizer, grammar, seed, steps=2000)
+        assert not ended or isinstance(json.loads(text), dict)
+    mask = Grammars(tokenizer, (256,)).mask(grammar)
+    logits = torch.zeros(len(tokenizer))
+    masked = mask(logits)
+    assert logits.eq(0).all()  # out of place: logprobs read the raw logits
+    assert torch.isfinite(masked).nonzero().flatten().tolist() == [ord("{")]  # JSON starts at once, no space
+
+
+def test_a_thinking_model_thinks_freely_then_answers_in_the_grammar():
+    tokenizer = byte_tokenizer("<think>", "</think>")
+    think, unthink = tokenizer.convert_tokens_to_ids(["<think>", "</think>"])
+    mask = Grammars(tokenizer, (256,)).mask(response_grammar(schema_format(PERSON)))
+    first = torch.isfinite(mask(torch.zeros(len(tokenizer)))).nonzero().flatten().tolist()
+    assert first == [ord("{"), think]
+    mask.advance(think)
+    assert mask.phase is Phase.THINKING and torch.isfinite(mask(torch.zeros(len(tokenizer)))).all()
+    for token in tokenizer("hmm }}", add_special_tokens=False).input_ids + [unthink]:
+        mask.advance(token)  # anything goes while it thinks
+    assert torch.isfinite(mask(torch.zeros(len(tokenizer)))).nonzero().flatten().tolist() == [ord("{")]
+
+
+@pytest.mark.parametrize("fmt, param", [
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frobnicate"}}},
+     "response_format.json_schema.schema"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "(("}}},
+     "response_format.json_schema.schema"),
+    ({"type": "json_object", "schema": {"type": "object", "required": 3}}, "response_format.schema"),
+    ({"type": "json_schema"}, "response_format.json_schema"),
+    ({"type": "text", "schema": {"type": "object"}}, "response_format.type"),
+])
+def test_a_format_that_cannot_be_compiled_is_a_400_naming_its_field(fmt, param):
+    with pytest.raises(FieldError) as caught:
+        response_grammar(ResponseFormat.model_validate(fmt))
+    assert caught.value.status_code == 400 and caught.value.param == param
+    assert f"(field '{param}')" in caught.value.detail and "\n" not in caught.value.detail
+
+
+def test_strict_refuses_a_keyword_the_compiler_lacks_and_non_strict_ignores_it():
+    odd = {"type": "object", "properties": {"a": {"type": "string"}}, "if": {"required": ["a"]}}
+    with pytest.raises(FieldError):
+        response_grammar(schema_format(odd, strict=True))
+    assert response_grammar(schema_format(odd, strict=False))
+
+
+def test_llama_cpps_spelling_is_the_same_grammar_as_openais():
+    assert response_grammar(ResponseFormat.model_validate({"type": "json_schema", "schema": PERSON})) == \
+        response_grammar(schema_format(PERSON, strict=False))
+    assert response_grammar(ResponseFormat(type="text")) == ""

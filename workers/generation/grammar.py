@@ -1,0 +1,149 @@
+"""Constrained decoding: a grammar per sequence decides which tokens may come next.
+
+A request that asks for JSON (``response_format``) or a tool call carries a grammar
+(``SamplingParams.grammar``: llguidance's grammar text, built by the API in
+``app.structured``). Its sequence gets a ``GrammarMask`` among its logits processors
+(``workers.generation.processors``): before each draw the tokens the grammar forbids get a
+logit of -inf (a copy: the raw logits stay for ``logprobs``), after it the grammar consumes
+the token. Once the grammar is complete it allows only the end-of-turn tokens, so the reply
+ends there and then, never running on in whitespace until ``max_tokens``.
+
+llguidance (MIT, a Rust parser with Python bindings) computes a mask of the whole vocabulary
+in tens of microseconds: it walks the tokenizer's trie against the grammar's lexer once per
+step, instead of trying each token. Its view of the tokenizer (an ``LLTokenizer``) takes
+about a second to build for a 49k vocabulary, so ``Grammars`` builds it on the first
+constrained request of a worker, not at start, and compiles each distinct grammar once.
+
+A thinking model (its tokenizer has ``<think>`` and ``</think>``) may open a thinking block
+first: its first token may also be ``<think>``, and the grammar then waits for ``</think>``
+before it applies, so the constraint starts after the thinking.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from workers.errors import InvalidInput
+
+log = logging.getLogger(__name__)
+
+COMPILED_KEPT = 32  # distinct grammars a worker keeps compiled (a client repeats its schemas)
+
+
+class Phase(enum.Enum):
+    FIRST = "first"  # nothing generated yet: the grammar's tokens, or <think>
+    THINKING = "thinking"  # inside <think>…</think>: unconstrained
+    CONSTRAINED = "constrained"
+
+
+@dataclass
+class GrammarMask:
+    """One sequence's grammar, as a logits processor (``workers.generation.processors``)."""
+
+    matcher: object  # llguidance.LLMatcher, this sequence's own copy
+    vocab: int  # tokens the grammar knows; logits past them (padding rows of the LM head) are never allowed
+    think: tuple[int, int] | None  # (<think>, </think>) ids, for a thinking model
+    stop_ids: tuple[int, ...]  # what ends the reply
+    phase: Phase = Phase.FIRST
+    bitmask: torch.Tensor = field(init=False)  # [1, ceil(vocab / 32)] int32, refilled each step
+
+    def __post_init__(self) -> None:
+        self.bitmask = torch.zeros((1, (self.vocab + 31) // 32), dtype=torch.int32)
+        if self.think is None:
+            self.phase = Phase.CONSTRAINED
+
+    def allowed(self) -> torch.Tensor:
+        """[vocab] bool: the tokens the grammar allows next. A matcher in error (a token it
+        refused, or the parser's limits reached) allows only the end of the reply: this
+        sequence ends, logged, and the others in its batch never notice."""
+        from llguidance.torch import fill_next_token_bitmask
+
+        fill_next_token_bitmask(self.matcher, self.bitmask)
+        if self.matcher.is_error():
+            log.warning("a grammar failed mid-reply, which ends here: %s", self.matcher.get_error())
+            allowed = torch.zeros(self.vocab, dtype=torch.bool)
+            allowed[list(self.stop_ids)] = True
+            return allowed
+        bits = np.unpackbits(self.bitmask.numpy().view(np.uint8), bitorder="little")[: self.vocab]
+        return torch.from_numpy(bits.view(np.bool_))
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.phase is Phase.THINKING:
+            return logits
+        width = min(logits.shape[-1], self.vocab)
+        allowed = torch.zeros(logits.shape[-1], dtype=torch.bool)
+        allowed[:width] = self.allowed()[:width]
+        if self.phase is Phase.FIRST:
+            allowed[self.think[0]] = True
+        return logits.masked_fill(~allowed, float("-inf"))
+
+    def advance(self, token: int) -> None:
+        if self.phase is Phase.FIRST and token == self.think[0]:
+            self.phase = Phase.THINKING
+        elif self.phase is Phase.THINKING:
+            if token == self.think[1]:
+                self.phase = Phase.CONSTRAINED
+        else:
+            self.phase = Phase.CONSTRAINED
+            self.matcher.consume_token(token)  # a refused token puts it in error: the next mask says so
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """What llguidance needs of the tokenizer, built once: ~1 s for a 49k vocabulary."""
+
+    llg: object  # llguidance.LLTokenizer
+    size: int  # its tokens: the bitmask's width
+    think: tuple[int, int] | None  # (<think>, </think>) ids, where the tokenizer has both
+
+    @classmethod
+    def of(cls, tokenizer, stop_ids: tuple[int, ...]) -> Vocabulary:
+        from llguidance.hf import from_tokenizer
+
+        llg = from_tokenizer(tokenizer, eos_token=list(stop_ids))
+        vocab = tokenizer.get_vocab()
+        think = vocab.get("<think>"), vocab.get("</think>")
+        return cls(llg, llg.vocab_size, think if None not in think else None)
+
+
+@dataclass
+class Grammars:
+    """Compiles request grammars for one tokenizer; ``mask`` gives a sequence its own matcher."""
+
+    tokenizer: object  # a transformers fast tokenizer
+    stop_ids: tuple[int, ...]  # what ends a reply: the only tokens a complete grammar allows
+    _vocab: Vocabulary | None = None  # built on the first constrained request
+    _compiled: OrderedDict = field(default_factory=OrderedDict)  # grammar text → a fresh matcher to copy
+
+    @property
+    def vocab(self) -> Vocabulary:
+        if self._vocab is None:
+            self._vocab = Vocabulary.of(self.tokenizer, self.stop_ids)
+        return self._vocab
+
+    def _matcher(self, grammar: str):
+        from llguidance import LLMatcher
+
+        if (kept := self._compiled.get(grammar)) is not None:
+            self._compiled.move_to_end(grammar)
+            return kept
+        matcher = LLMatcher(self.vocab.llg, grammar, log_level=0)
+        if matcher.is_error():
+            raise InvalidInput(f"The response format cannot be used: {matcher.get_error()}")
+        self._compiled[grammar] = matcher
+        while len(self._compiled) > COMPILED_KEPT:
+            self._compiled.popitem(last=False)
+        return matcher
+
+    def check(self, grammar: str) -> None:
+        """Compile ``grammar`` (kept for the sequence that follows); InvalidInput if it cannot be."""
+        self._matcher(grammar)
+
+    def mask(self, grammar: str) -> GrammarMask:
+        return GrammarMask(self._matcher(grammar).deep_copy(), self.vocab.size, self.vocab.think, self.stop_ids)
