@@ -17,6 +17,7 @@ from app.config import load_config
 from tests.asks import CAPITAL
 from tests.e2e import running_app
 
+ALICE, BOB = ("alice", "s3cret"), ("bob", "hunter2")
 ASK = {"messages": [{"role": "user", "content": CAPITAL}], "temperature": 0, "max_tokens": 8}
 # Only what the tests need shorter than the defaults: uploads deleted after 2 s, a body cut off
 # after 5 s, a login lock of 5 s. The header timeout is the default one.
@@ -52,8 +53,10 @@ def app(tmp_path_factory, config_path, uploads):
 @pytest.fixture(scope="module")
 def shared_app(tmp_path_factory, config_path):
     # The share tunnel points at a closed local port: no test opens a real public tunnel.
-    with running_app(tmp_path_factory.mktemp("shared"), "--model", "bundled", "--workers", "1",
-                     "--threads-per-worker", "1", "--config", str(config_path), "--auth", "alice:s3cret",
+    where = tmp_path_factory.mktemp("shared")
+    (where / "users.txt").write_text(f"{':'.join(ALICE)}\n{':'.join(BOB)}\n")  # alice first: the app's .auth
+    with running_app(where, "--model", "bundled", "--workers", "1", "--threads-per-worker", "1",
+                     "--config", str(config_path), "--auth", str(where / "users.txt"),
                      "--share", env={"GRADIO_SHARE_SERVER_ADDRESS": "127.0.0.1:9"}) as running:
         yield running
 
@@ -167,27 +170,59 @@ def test_metrics_need_the_login_under_auth(shared_app):
     assert httpx.get(shared_app.url + "/health", timeout=30).json() == {"ready": True, "workers_ready": 1}
 
 
-def test_wrong_logins_are_throttled_per_address(shared_app, config):
+def test_wrong_logins_at_a_name_are_throttled_from_that_address(shared_app, config):
     limit, window = config.login_failures_max, config.login_failures_window_s
     url = shared_app.url + "/v1/models"
     with from_address("127.0.0.2") as guesser, from_address("127.0.0.1") as owner:
-        for n in range(limit):  # Basic and Bearer guesses alike
-            wrong = {"auth": ("alice", f"guess{n}")} if n % 2 else {"headers": {"authorization": f"Bearer guess{n}"}}
-            assert guesser.get(url, **wrong).status_code == 401, n
+        for n in range(limit):  # Basic and the page's form alike
+            if n % 2:
+                assert guesser.get(url, auth=("alice", f"guess{n}")).status_code == 401, n
+            else:
+                assert guesser.post(shared_app.url + "/login", data={"username": "alice",
+                                                                     "password": f"guess{n}"}).status_code == 400, n
         throttled = guesser.get(url, auth=("alice", "guess-again"))
         assert throttled.status_code == 429 and "Too many failed logins" in throttled.json()["error"]["message"]
         wait = int(throttled.headers["retry-after"])
         assert 0 < wait <= window
-        # while locked, even the right password from that address is refused (else each guess is still answered)
-        assert guesser.get(url, auth=shared_app.auth).status_code == 429
-        assert guesser.get(shared_app.url + "/metrics", auth=shared_app.auth).status_code == 429
-        assert guesser.get(shared_app.url + "/health", auth=shared_app.auth).json()["ready"]  # a probe still works
-        # another address logs in at once, and gets no wait
+        # while locked, even the right password at that name is refused (else each guess is still answered)
+        assert guesser.get(url, auth=ALICE).status_code == 429
+        assert guesser.get(shared_app.url + "/metrics", auth=ALICE).status_code == 429
+        assert guesser.get(shared_app.url + "/health", auth=ALICE).json()["ready"]  # a probe still works
+        # alice from another address logs in at once, and gets no wait
         for _ in range(3):
-            ok = owner.get(url, auth=shared_app.auth)
+            ok = owner.get(url, auth=ALICE)
             assert ok.status_code == 200 and "retry-after" not in ok.headers
         time.sleep(wait)
-        assert guesser.get(url, auth=shared_app.auth).status_code == 200  # the lock ends as announced
+        assert guesser.get(url, auth=ALICE).status_code == 200  # the lock ends as announced
+
+
+def test_a_guesser_behind_the_share_tunnel_does_not_lock_out_other_users(shared_app, config):
+    """Through the share tunnel every visitor is 127.0.0.1. One of them guessing alice's
+    password slows only guesses at alice; bob logs in at once, by Basic, bearer token or the
+    page's form."""
+    limit = config.login_failures_max
+    url = shared_app.url + "/v1/models"
+    with from_address("127.0.0.1") as tunnel:
+        for n in range(limit):
+            assert tunnel.get(url, auth=("alice", f"guess{n}")).status_code == 401, n
+        throttled = tunnel.get(url, auth=("alice", "guess-again"))
+        assert throttled.status_code == 429  # alice's guesses are slowed
+        for ok in (tunnel.get(url, auth=BOB), tunnel.get(url, headers={"authorization": f"Bearer {BOB[1]}"}),
+                   tunnel.post(shared_app.url + "/login", data={"username": BOB[0], "password": BOB[1]})):
+            assert ok.status_code == 200 and "retry-after" not in ok.headers, ok.text
+        time.sleep(int(throttled.headers["retry-after"]))  # the other tests find alice's login open
+        assert tunnel.get(url, auth=ALICE).status_code == 200
+
+
+def test_wrong_bearer_tokens_are_throttled_apart_from_names(shared_app, config):
+    """A bearer token names no user: bearer guesses lock bearer tokens from that address."""
+    url = shared_app.url + "/v1/models"
+    with from_address("127.0.0.4") as guesser:
+        for n in range(config.login_failures_max):
+            assert guesser.get(url, headers={"authorization": f"Bearer guess{n}"}).status_code == 401, n
+        throttled = guesser.get(url, headers={"authorization": f"Bearer {ALICE[1]}"})  # the right one, too
+        assert throttled.status_code == 429 and "bearer tokens" in throttled.json()["error"]["message"]
+        assert guesser.get(url, auth=ALICE).status_code == 200
 
 
 def test_the_pages_login_form_is_throttled_too(shared_app, config):
