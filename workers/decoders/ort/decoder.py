@@ -24,6 +24,7 @@ of the speed (30 against 47 tok/s, measured with the onnxruntime-genai generator
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import mmap
@@ -41,6 +42,30 @@ from workers.decoders.ort.packed import DIFFERS_EXIT, open_session, session_opti
 
 PREFILL_PATHS = ("same", "widen-fp32")  # what a prompt runs on: the int8 graph, or its fp32 twin as well
 # (the vocabulary of workers.spec)
+MADV_DONTNEED = 4  # Linux: the pages of a private anonymous map are freed, and read as zeros if touched again
+_madvise = ctypes.CDLL(None, use_errno=True).madvise
+_madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+
+
+def forget(kv: np.ndarray) -> None:
+    """Give back the memory of a slot no cache lives in any more (``kv``: the slot's view,
+    [2, layers, 1, kv heads, capacity, head size] of an array from ``OrtDecoder.empty_kv``).
+
+    Why: the KV budget counts what each cache holds (``resident_tokens``), and an array's pages
+    stay resident as long as the array lives, whoever wrote them. An arena lives on while its
+    batch decodes, so a kept conversation moved out of a slot (``Arena.take``), one evicted
+    from the budget while it sat in one, or a newcomer's prefix moved into one, left pages
+    there that no cache counted: on the bundled model, a 30-token reply seated in the slot of a
+    700-token conversation held 1,567 tokens' worth where the caches held 865. Each layer's
+    keys (and values) of one slot are one contiguous block; the pages wholly inside it are freed."""
+    page = mmap.PAGESIZE
+    for block in (kv[i, layer] for i in range(kv.shape[0]) for layer in range(kv.shape[1])):  # contiguous
+        start = -(-block.ctypes.data // page) * page
+        end = (block.ctypes.data + block.nbytes) // page * page
+        if end > start:
+            _madvise(start, end - start, MADV_DONTNEED)
+
+
 
 
 class OrtCache:
@@ -60,6 +85,10 @@ class OrtCache:
         self.slot = 0
         self.touched = 0  # the most tokens ever written into ``kv`` (its pages are resident)
         self.held = False  # being written by a thread of its own (workers.scheduler.prefill.PromptApart): never moved
+
+    def __del__(self) -> None:
+        if self.arena is not None and not self.held:  # a slot of an array that may outlive it
+            forget(self.kv)
 
     @property
     def length(self) -> int:
@@ -96,6 +125,7 @@ class OrtCache:
         dest = kv[:, :, slot : slot + 1]
         if dest.ctypes.data != self.kv.ctypes.data:
             dest[..., : self.length, :] = self.kv[..., : self.length, :]
+            forget(self.kv)  # the slot it leaves may live on, in an arena or another cache's room
             self.touched = self.length  # what it holds in its new place
         self.kv, self.arena, self.slot = dest, arena, slot
         self.room = kv if arena is None else None
@@ -182,9 +212,14 @@ class OrtDecoder(Decoder):
         on a fresh cache writes the first tokens of every head's block, so every 2 MB page
         of the whole reservation was faulted in (and zeroed) at once: +250 ms to prefill 8
         tokens into a cache reserved for 1,000 on the Qwen1.5-0.5B shape, +800 ms for 4,096
-        (measured; 40 ms either way in 4 KB pages, where only the pages written are touched)."""
+        (measured; 40 ms either way in 4 KB pages, where only the pages written are touched).
+        Private, not shared (``mmap``'s default), and never in huge pages, so that ``forget`` can
+        give a vacated slot's pages back (a shared map keeps them until it is unmapped)."""
         shape = (2, self.layers, slots, self.kv_heads, max(capacity, self.least_capacity), self.head_size)
-        return np.frombuffer(mmap.mmap(-1, math.prod(shape) * 4), np.float32).reshape(shape)
+        buffer = mmap.mmap(-1, math.prod(shape) * 4, flags=mmap.MAP_PRIVATE)
+        if hasattr(mmap, "MADV_NOHUGEPAGE"):
+            buffer.madvise(mmap.MADV_NOHUGEPAGE)
+        return np.frombuffer(buffer, np.float32).reshape(shape)
 
     def own_kv(self, capacity: int) -> np.ndarray:
         """A cache's own array: two slots, the cache in the first, the second left for a
