@@ -43,8 +43,9 @@ from app.auth import Login, caller_scope
 from app.dispatcher import Dispatcher, Queued
 from app.startup import Startup
 from app.thinking import ThinkingSplit, split_thinking
+from app.tool_calls import Call, CallSplit, split_calls
 from app.validation import InvalidInput
-from workers.protocol import Chunk, Done, Failed, Notice, SamplingParams, TokenLogprob
+from workers.protocol import Chunk, Done, Failed, FinishReason, Notice, SamplingParams, TokenLogprob
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
 
 
@@ -122,11 +123,12 @@ def build_router(dispatcher: Dispatcher, startup: Startup, defaults: SamplingPar
         first = await anext(events)  # a refusal (queue full, prompt too long) becomes an HTTP status
         if isinstance(first, Failed):
             raise refusal(first)
+        tools = frozenset(t.function.name for t in req.tools_offered())  # calls of these are read back out
         if req.stream:
             return StreamingResponse(sse(completion_id, model_name(), first, events, bool(req.logprobs),
-                                         req.include_usage), media_type="text/event-stream")
+                                         req.include_usage, tools), media_type="text/event-stream")
         return await until_disconnected(request, complete(completion_id, model_name(), first, events,
-                                                          bool(req.logprobs)))
+                                                          bool(req.logprobs), tools))
 
     return router
 
@@ -172,8 +174,13 @@ def reasoning(thinking: str) -> dict:
     return {"reasoning": thinking, "reasoning_content": thinking}
 
 
+def finish_reason(done: Done, calls: list[Call]) -> str:
+    """``tool_calls`` for a reply that ended by calling tools, as OpenAI's."""
+    return "tool_calls" if calls and done.finish_reason is FinishReason.STOP else done.finish_reason.value
+
+
 async def complete(completion_id: str, model_name: str, first, events: AsyncIterator,
-                   logprobs: bool = False) -> JSONResponse:
+                   logprobs: bool = False, tools: frozenset[str] = frozenset()) -> JSONResponse:
     text, notices, tokens = [], [], []
     try:
         async for event in _chain(first, events):
@@ -186,7 +193,10 @@ async def complete(completion_id: str, model_name: str, first, events: AsyncIter
                 raise refusal(event)
             elif isinstance(event, Done):
                 thinking, answer = split_thinking("".join(text))
-                message = {"role": "assistant", "content": answer}
+                answer, calls = split_calls(answer, tools) if tools else (answer, [])
+                message = {"role": "assistant", "content": answer if answer or not calls else None}
+                if calls:
+                    message["tool_calls"] = [c.as_dict() for c in calls]
                 if thinking.strip():
                     message |= reasoning(thinking.strip())
                 return JSONResponse({
@@ -198,7 +208,7 @@ async def complete(completion_id: str, model_name: str, first, events: AsyncIter
                         "index": 0,
                         "message": message,
                         "logprobs": {"content": tokens, "refusal": None} if logprobs else None,
-                        "finish_reason": event.finish_reason.value,
+                        "finish_reason": finish_reason(event, calls),
                     }],
                     "usage": usage(event),
                     "metrics": reply_metrics(event),
@@ -210,10 +220,13 @@ async def complete(completion_id: str, model_name: str, first, events: AsyncIter
 
 
 async def sse(completion_id: str, model_name: str, first, events: AsyncIterator,
-              logprobs: bool = False, include_usage: bool = False) -> AsyncIterator[str]:
+              logprobs: bool = False, include_usage: bool = False,
+              tools: frozenset[str] = frozenset()) -> AsyncIterator[str]:
     """Server-sent events in the OpenAI chunk format; a client that disconnects cancels.
     ``include_usage``: as OpenAI's, every chunk has ``usage: null`` and one more chunk, with no
-    choices, comes before ``[DONE]`` with the usage."""
+    choices, comes before ``[DONE]`` with the usage. A call of one of ``tools`` goes out as
+    ``delta.tool_calls`` once it is complete (its index, id and name, then its arguments, as
+    the SDK's accumulator reads them), never as content."""
 
     def chunk(delta: dict, finish: str | None = None, tokens: tuple[TokenLogprob, ...] = (), **extra) -> str:
         choice = {"index": 0, "delta": delta, "finish_reason": finish}
@@ -234,13 +247,26 @@ async def sse(completion_id: str, model_name: str, first, events: AsyncIterator,
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
     yield chunk({"role": "assistant", "content": ""})
-    split = ThinkingSplit()
+    split, call_split, calls = ThinkingSplit(), CallSplit(tools), []
 
-    def parts(thinking: str, answer: str, tokens: tuple[TokenLogprob, ...] = ()) -> str:
-        """A chunk for what can be shown now; tokens whose text is still held back (it may
-        open a thinking tag) keep their log-probabilities in it all the same."""
+    def parts(thinking: str, answer: str, tokens: tuple[TokenLogprob, ...] = (), end: bool = False) -> str:
+        """Chunks for what can be shown now; tokens whose text is still held back (it may
+        open a thinking tag or a call) keep their log-probabilities in them all the same."""
+        done: list[Call] = []
+        if tools:
+            answer, done = call_split.push(answer)
+            if end:
+                tail, more = call_split.flush()
+                answer, done = answer + tail, done + more
         delta = (reasoning(thinking) if thinking else {}) | ({"content": answer} if answer else {})
-        return chunk(delta, tokens=tokens) if delta or (logprobs and tokens) else ""
+        out = chunk(delta, tokens=tokens) if delta or (logprobs and tokens) else ""
+        for call in done:
+            index, head = len(calls), {"id": call.id, "type": "function", "function": {"name": call.name,
+                                                                                       "arguments": ""}}
+            calls.append(call)
+            out += chunk({"tool_calls": [{"index": index, **head}]})
+            out += chunk({"tool_calls": [{"index": index, "function": {"arguments": call.arguments}}]})
+        return out
 
     try:
         async for event in _chain(first, events):
@@ -254,9 +280,9 @@ async def sse(completion_id: str, model_name: str, first, events: AsyncIterator,
             elif isinstance(event, Failed):
                 yield f"data: {json.dumps({'error': {'message': event.message, 'type': event.code.value}})}\n\n"
             elif isinstance(event, Done):
-                if delta := parts(*split.flush()):
+                if delta := parts(*split.flush(), end=True):
                     yield delta
-                yield chunk({}, event.finish_reason.value, metrics=reply_metrics(event))
+                yield chunk({}, finish_reason(event, calls), metrics=reply_metrics(event))
                 if include_usage:
                     yield event_data([], usage=usage(event))
         yield "data: [DONE]\n\n"

@@ -18,7 +18,6 @@ import dataclasses
 import json
 import re
 from collections.abc import Callable
-from typing import Literal
 
 from fastapi import HTTPException, Request
 from fastapi.exceptions import RequestValidationError
@@ -27,11 +26,12 @@ from starlette.requests import ClientDisconnect
 
 from app.api_errors import FieldError
 from app.structured import ResponseFormat, response_grammar
+from app.api_messages import MessageIn, chat_messages
+from app.tools import ToolChoice, ToolDef, offered, tool_grammar
 from app.validation import (
     LOGIT_BIAS_RANGE,
     MAX_LOGIT_BIAS,
     MAX_LOGPROBS,
-    MAX_MESSAGE_CHARS,
     MAX_MESSAGES,
     MAX_REQUEST_BYTES,
     MAX_STOP_STRINGS,
@@ -42,49 +42,10 @@ from app.validation import (
     TEMPERATURE_RANGE,
     TOP_K_RANGE,
     TOP_P_RANGE,
-    InvalidInput,
-    check_message,
-    clean_text,
 )
 from workers.protocol import ChatMessage, SamplingParams
 
 TOKEN_ID = re.compile(r"[0-9]{1,9}")  # a logit_bias key
-
-
-class MessageIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")  # an unknown field: 400 naming it
-
-    role: Literal["system", "developer", "user", "assistant"]  # developer: newer OpenAI clients' system
-    content: str = Field(max_length=MAX_MESSAGE_CHARS)
-    name: str | None = Field(None, max_length=256, description="accepted; the chat templates served have no "
-                                                                "place for a participant's name")
-    # What an SDK's reply object holds, when a client sends it back as history: accepted empty
-    # (tool_calls, function_call, audio, tool_call_id refused otherwise: ``refuse_unsupported``).
-    refusal: str | None = None
-    annotations: list | None = None
-    reasoning_content: str | None = Field(None, description="accepted; thinking never goes back into the prompt")
-    reasoning: str | None = Field(None, description="accepted; thinking never goes back into the prompt")
-    tool_calls: list | None = None
-    function_call: object = None
-    audio: object = None
-    tool_call_id: str | None = None
-
-    @field_validator("content", mode="before", json_schema_input_type=str | list[dict])
-    @classmethod
-    def _clean(cls, value):
-        """Text parts (``[{"type": "text", "text": ...}]``, as LangChain and Open WebUI send) are
-        joined; other parts are refused by name. Broken clients send unpaired surrogates for
-        bad UTF-8: replace them, don't 500."""
-        if isinstance(value, list):
-            kinds = {str(part.get("type")) if isinstance(part, dict) else type(part).__name__ for part in value}
-            if others := sorted(kinds - {"text"}):
-                raise ValueError(f"only text content parts are supported, not {', '.join(others)}")
-            value = "\n".join(str(part.get("text", "")) for part in value)
-        return clean_text(value) if isinstance(value, str) else value
-
-    @property
-    def chat_role(self) -> str:
-        return "system" if self.role == "developer" else self.role
 
 
 class StreamOptions(BaseModel):
@@ -98,8 +59,6 @@ class StreamOptions(BaseModel):
 # changes nothing (a 400 from ``refuse_unsupported``): the one place to lift when one is built.
 NOT_YET: dict[str, tuple[str, Callable[[ChatRequest], bool]]] = {
     "n": ("n > 1 (one choice per request)", lambda r: r.n not in (None, 1)),
-    "tools": ("tools", lambda r: bool(r.tools)),
-    "tool_choice": ("tool_choice other than none", lambda r: r.tool_choice not in (None, "none")),
     "functions": ("functions", lambda r: bool(r.functions)),
     "function_call": ("function_call other than none", lambda r: r.function_call not in (None, "none")),
     "audio": ("audio output", lambda r: r.audio is not None),
@@ -114,12 +73,12 @@ NOT_YET: dict[str, tuple[str, Callable[[ChatRequest], bool]]] = {
                                            lambda r: bool(r.stream_options and r.stream_options.include_obfuscation)),
 }
 MESSAGE_NOT_YET = {  # a message field → what it would need
-    "tool_calls": "tool calls", "function_call": "function calls", "audio": "audio", "tool_call_id": "tool results",
+    "function_call": "function calls (send tool_calls)", "audio": "audio",
 }
 # Accepted and recorded nowhere: they tell OpenAI about the caller or its billing, and change
 # no reply (docs/api.md). Listed so that a field is never ignored by accident.
 INFORMATIONAL = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
-                 "prompt_cache_retention", "prompt_cache_options", "parallel_tool_calls")
+                 "prompt_cache_retention", "prompt_cache_options")
 
 
 class ChatRequest(BaseModel):
@@ -158,6 +117,10 @@ class ChatRequest(BaseModel):
     chat_template_kwargs: dict | None = Field(None, description="vLLM's spelling; enable_thinking only")
     response_format: ResponseFormat | None = Field(None, description="JSON the reply must be: json_object, "
                                                                       "json_schema (app.structured)")
+    tools: list[ToolDef] | None = Field(None, description="functions the model may call (app.tools)")
+    tool_choice: ToolChoice | None = Field(None, description="none, auto (the default with tools), required, "
+                                                             "or one function by name")
+    parallel_tool_calls: bool | None = Field(None, description="false: at most one call per reply")
     # informational (INFORMATIONAL): accepted, change nothing
     user: str | None = None
     metadata: dict | None = None
@@ -167,11 +130,8 @@ class ChatRequest(BaseModel):
     prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = None
     prompt_cache_options: dict | None = None
-    parallel_tool_calls: bool | None = None
     # not yet (NOT_YET): refused by name unless unset or set to what changes nothing
     n: int | None = Field(None, ge=1)
-    tools: list | None = None
-    tool_choice: object = None
     functions: list | None = None
     function_call: object = None
     audio: object = None
@@ -231,9 +191,17 @@ class ChatRequest(BaseModel):
                                  param)
 
     def grammar(self) -> str:
-        """What the reply must match (``app.structured``); compiling a schema takes a while: call
-        it off the event loop."""
+        """What the reply must match: its tools' calls (``app.tools``), or its response format
+        (``app.structured``). Compiling a schema takes a while: call it off the event loop."""
+        if tools := self.tools_offered():
+            if self.response_format is not None and self.response_format.type != "text":
+                raise FieldError("A response_format cannot be combined with tools (field 'response_format').",
+                                 "response_format")
+            return tool_grammar(tools, self.tool_choice, self.parallel_tool_calls is not False)
         return response_grammar(self.response_format)
+
+    def tools_offered(self) -> list[ToolDef]:
+        return offered(self.tools, self.tool_choice)
 
     def sampling(self, defaults: SamplingParams, grammar: str = "") -> SamplingParams:
         given = {
@@ -267,12 +235,8 @@ class ChatRequest(BaseModel):
         return value if isinstance(value, bool) else None
 
     def chat_messages(self) -> list[ChatMessage]:
-        if self.messages[-1].role != "user":
-            raise InvalidInput("The last message must be the user's.")
-        *history, last = self.messages
-        return [ChatMessage(m.chat_role, clean_text(m.content)) for m in history] + [
-            ChatMessage("user", check_message(last.content))
-        ]
+        """The conversation as the worker's chat template takes it (``app.api_messages``)."""
+        return chat_messages(self.messages, self.tools_offered())
 
 
 def request_schema() -> dict:

@@ -66,7 +66,7 @@ def test_an_unknown_field_is_a_400_naming_it_in_openais_shape(client, body, para
 def test_informational_fields_are_accepted_and_change_nothing():
     info = {"user": "alice", "metadata": {"ticket": "42"}, "store": True, "service_tier": "auto",
             "safety_identifier": "u-1", "prompt_cache_key": "k", "prompt_cache_retention": "24h",
-            "prompt_cache_options": {"mode": "implicit"}, "parallel_tool_calls": True}
+            "prompt_cache_options": {"mode": "implicit"}}
     assert set(info) == set(INFORMATIONAL)
     assert checked(**info).sampling(DEFAULTS) == checked().sampling(DEFAULTS) == DEFAULTS
 
@@ -80,8 +80,7 @@ def test_a_reply_sent_back_as_history_is_accepted_as_the_sdk_dumps_it():
 
 
 NOT_YET_ASKED = {
-    "n": 2, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto",
-    "functions": [{"name": "f"}], "function_call": "auto",
+    "n": 2, "functions": [{"name": "f"}], "function_call": "auto",
     "audio": {"voice": "alloy", "format": "wav"}, "modalities": ["text", "audio"],
     "prediction": {"type": "content", "content": "x"}, "web_search_options": {}, "reasoning_effort": "low",
     "verbosity": "low", "moderation": {"model": "m"},
@@ -97,15 +96,22 @@ def test_what_is_not_built_yet_is_refused_by_name(client, field):
 
 def test_every_refusal_has_a_case_and_values_that_change_nothing_pass():
     assert set(NOT_YET) == set(NOT_YET_ASKED) | {"stream_options.include_obfuscation"}
-    checked(n=1, tool_choice="none", function_call="none", response_format={"type": "text"}, modalities=["text"],
-            tools=[], functions=[], stream=True, stream_options={"include_usage": False, "include_obfuscation": False})
+    checked(n=1, function_call="none", response_format={"type": "text"}, modalities=["text"], functions=[], stream=True, stream_options={"include_usage": False, "include_obfuscation": False})
     assert refused(stream=True, stream_options={"include_obfuscation": True}).param == \
         "stream_options.include_obfuscation"
 
 
-def test_tool_calls_in_the_history_are_refused_by_name():
-    called = {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function"}]}
-    assert refused(messages=[*ASK, called, *ASK]).param == "messages.1.tool_calls"
+def test_tool_calls_in_the_history_are_written_back_and_a_result_needs_its_call():
+    called = {"role": "assistant", "content": None,
+              "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]}
+    result = {"role": "tool", "tool_call_id": "c1", "content": "42"}
+    chat = checked(messages=[*ASK, called, result]).chat_messages()
+    assert [m.role for m in chat] == ["user", "assistant", "user"]
+    assert chat[1].content == '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
+    assert chat[2].content == "<tool_response>\n42\n</tool_response>"
+    with pytest.raises(FieldError) as caught:
+        checked(messages=[*ASK, called, {**result, "tool_call_id": "c2"}]).chat_messages()
+    assert caught.value.param == "messages.2.tool_call_id"
 
 
 def test_fields_that_only_make_sense_together_say_so():
