@@ -58,7 +58,6 @@ class StreamOptions(BaseModel):
 # Fields this server cannot honour yet, each refused by name when set to anything but what
 # changes nothing (a 400 from ``refuse_unsupported``): the one place to lift when one is built.
 NOT_YET: dict[str, tuple[str, Callable[[ChatRequest], bool]]] = {
-    "n": ("n > 1 (one choice per request)", lambda r: r.n not in (None, 1)),
     "functions": ("functions", lambda r: bool(r.functions)),
     "function_call": ("function_call other than none", lambda r: r.function_call not in (None, "none")),
     "audio": ("audio output", lambda r: r.audio is not None),
@@ -121,6 +120,8 @@ class ChatRequest(BaseModel):
     tool_choice: ToolChoice | None = Field(None, description="none, auto (the default with tools), required, "
                                                              "or one function by name")
     parallel_tool_calls: bool | None = Field(None, description="false: at most one call per reply")
+    n: int | None = Field(None, ge=1, le=16, description="choices: up to the server's max_batch, each its own "
+                                                         "seed (seed + index)")
     # informational (INFORMATIONAL): accepted, change nothing
     user: str | None = None
     metadata: dict | None = None
@@ -131,7 +132,6 @@ class ChatRequest(BaseModel):
     prompt_cache_retention: str | None = None
     prompt_cache_options: dict | None = None
     # not yet (NOT_YET): refused by name unless unset or set to what changes nothing
-    n: int | None = Field(None, ge=1)
     functions: list | None = None
     function_call: object = None
     audio: object = None

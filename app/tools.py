@@ -16,7 +16,7 @@ template has no tool format (the bundled SmolLM2, Qwen1.5) is told the same, in 
 - ``required``, or a named function: calls only, from the first token;
 - ``auto``: free text, or text then calls; once the model writes ``<tool_call>`` the call must
   name one of the tools and its arguments must match that tool's parameters;
-- ``parallel_tool_calls: false``: at most one call.
+- ``parallel_tool_calls: false``: at most one call (else up to ``MAX_CALLS``).
 
 ``app.tool_calls`` reads the calls back out of the reply.
 """
@@ -34,6 +34,7 @@ from workers.protocol import ChatMessage
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 MAX_TOOLS = 64
+MAX_CALLS = 8  # parallel calls in one reply: a small model may otherwise repeat a call until max_tokens
 
 TOOLS_PROMPT = """# Tools
 
@@ -130,7 +131,7 @@ def tool_grammar(tools: list[ToolDef], choice: ToolChoice | None, parallel: bool
                        "properties": {"name": {"const": t.function.name}, "arguments": t.function.parameters}}
                       for t in tools], "x-guidance": {**JSON_LAYOUT, "lenient": True}}
     body = f'body: "\\n" %json {json.dumps(call)} "\\n{CLOSE}"'
-    more = f' ("\\n{OPEN}" body)*' if parallel else ""
+    more = f' ("\\n{OPEN}" body){{0,{MAX_CALLS - 1}}}' if parallel else ""
     if choice == "auto" or choice is None:
         lark = "\n".join([
             "%llguidance {}",

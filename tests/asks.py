@@ -33,3 +33,7 @@ EXAMPLE_ANSWERS = {
     "Explain photosynthesis in one sentence.": "carbon dioxide",  # "... converts carbon dioxide into ..."
     "What is a CPU?": "Central Processing Unit",
 }
+
+# A tool call's ask, in the docs' tool example and tests/test_tools.py: with tool_choice
+# "required" the grammar makes any reply a valid call, so what is checked is the call's shape.
+WEATHER = "What is the weather like in Paris?"

@@ -135,3 +135,13 @@ def test_a_constrained_and_a_plain_reply_share_a_batch(client):
         shaped, free = pool.submit(constrained), pool.submit(plain)
         assert isinstance(shaped.result().choices[0].message.parsed, City)
         assert "Paris" in free.result().choices[0].message.content
+
+
+def test_the_readmes_api_examples_work_as_written(app):
+    """The README's Python block, run as a newcomer would paste it (pointed at this app)."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "client.chat.completions.parse" in b]
+    exec(compile(block.replace("http://127.0.0.1:7860", app.url), "README.md", "exec"), {})  # noqa: S102

@@ -80,7 +80,7 @@ def test_a_reply_sent_back_as_history_is_accepted_as_the_sdk_dumps_it():
 
 
 NOT_YET_ASKED = {
-    "n": 2, "functions": [{"name": "f"}], "function_call": "auto",
+    "functions": [{"name": "f"}], "function_call": "auto",
     "audio": {"voice": "alloy", "format": "wav"}, "modalities": ["text", "audio"],
     "prediction": {"type": "content", "content": "x"}, "web_search_options": {}, "reasoning_effort": "low",
     "verbosity": "low", "moderation": {"model": "m"},
