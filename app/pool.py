@@ -28,6 +28,10 @@ watchdog on the loop (``_watch``, a few times per timeout) kills a worker the re
 nothing from for ``heartbeat_timeout_s``. A kill is by pid, and always ends the same way as
 any other death: the reader sees EOF, ``on_exit`` fails the worker's requests (saying why),
 and the pool respawns it.
+
+Only the reader waits on its process (reaps it): two threads waiting on one child race to
+reap it, and the loser reads no exit code. ``stop`` waits for the readers to say they have
+reaped theirs (``WorkerProcess.reaped``), killing those that do not exit in time.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ log = logging.getLogger(__name__)
 RESPAWN_BASE_DELAY_S = 0.5
 RESPAWN_MAX_DELAY_S = 30.0
 SHUTDOWN_GRACE_S = 5.0
+EXIT_GRACE_S = 5.0  # a worker whose pipe closed has this long to exit, then it is killed (and reaped)
 WATCHDOG_PERIOD_S = 1.0  # the watchdog looks this often (every quarter timeout, if that is sooner)
 
 
@@ -92,6 +97,7 @@ class WorkerProcess:
     started_at: float = 0.0
     loaded: bool = False  # it sent Ready since its last start
     heard_at: float | None = None  # when the reader got its last message; None: not watched (loading, or gone)
+    reaped: threading.Event = field(default_factory=threading.Event)  # its reader has reaped this process
     killed_for: str | None = None  # why the pool killed it, told to on_exit
     restarts: int = 0
     crashes_in_a_row: int = 0  # deaths before Ready, since it was last ready
@@ -138,7 +144,8 @@ class ProcessPool:
         worker.outbox.put(msg)
 
     async def stop(self) -> None:
-        """Ask every worker to exit, then make sure each one has (by pid, never by name)."""
+        """Ask every worker to exit, then make sure each one has (by pid, never by name). The
+        readers reap them and report their exit codes; this only waits for that."""
         self._stopping = True
         for worker in self.workers.values():
             if worker.conn is not None:  # None: never spawned (the model was still being prepared)
@@ -147,11 +154,11 @@ class ProcessPool:
         for worker in self.workers.values():
             if worker.process is None:
                 continue
-            await asyncio.to_thread(worker.process.join, max(0.0, deadline - time.monotonic()))
-            if worker.process.is_alive():
+            reaped = worker.reaped
+            if not await asyncio.to_thread(reaped.wait, max(0.0, deadline - time.monotonic())):
                 log.warning("worker %d did not exit in time; killing pid %d", worker.id, worker.pid)
                 worker.process.kill()
-                await asyncio.to_thread(worker.process.join, 2.0)
+                await asyncio.to_thread(reaped.wait, 2.0)
 
     def _spawn(self, worker: WorkerProcess) -> None:
         parent, child = self._ctx.Pipe(duplex=True)
@@ -162,23 +169,24 @@ class ProcessPool:
         if worker.outbox is not None:
             worker.outbox.put(None)  # the old writer, if it still waits
         worker.process, worker.conn, worker.started_at, worker.loaded = process, parent, time.monotonic(), False
-        worker.heard_at, worker.killed_for = None, None
+        worker.heard_at, worker.killed_for, worker.reaped = None, None, threading.Event()
         worker.outbox = queue.SimpleQueue()
         self._on_spawn(worker.id)
-        threading.Thread(target=self._read, args=(worker, parent, process), daemon=True,
+        threading.Thread(target=self._read, args=(worker, parent, process, worker.reaped), daemon=True,
                          name=f"worker-{worker.id}-reader").start()
         threading.Thread(target=self._write, args=(worker, parent, process, worker.outbox), daemon=True,
                          name=f"worker-{worker.id}-writer").start()
         log.info("worker %d: loading %s and warming up (pid %d, cpus %s, %d threads)", worker.id,
                  worker.spec.engine.model_name, process.pid, worker.layout.cpus, worker.layout.threads)
 
-    def _read(self, worker: WorkerProcess, conn, process) -> None:
+    def _read(self, worker: WorkerProcess, conn, process, reaped: threading.Event) -> None:
         """Runs in a thread per worker: block on the pipe, note when it was last heard from,
         hand messages but Heartbeats to the loop.
 
-        At EOF the process is reaped here, off the loop, so its exit code can be reported
-        without the event loop ever waiting on a dying process. Any other failure kills the
-        worker first (``_kill``): its requests fail and it is respawned, as after any death."""
+        At EOF the process is reaped here, off the loop, and only here (``_reap``), so its exit
+        code can be reported without the event loop ever waiting on a dying process. Any other
+        failure kills the worker first (``_kill``): its requests fail and it is respawned, as
+        after any death."""
         try:
             while True:
                 try:
@@ -194,8 +202,20 @@ class ProcessPool:
         except BaseException as exc:  # noqa: BLE001 - e.g. a message that cannot be unpickled: never end silently
             log.exception("worker %d (pid %s): reading its pipe failed; killing it", worker.id, process.pid)
             self._kill(worker, process, f"sent a message that could not be read ({type(exc).__name__})")
-        process.join(1.0)
-        call_soon(self._loop, self._exited, worker, conn, process.exitcode)
+        code = self._reap(worker, process)
+        call_soon(self._loop, self._exited, worker, conn, code)  # before ``reaped``: stop's caller hears it
+        reaped.set()
+
+    def _reap(self, worker: WorkerProcess, process) -> int | None:
+        """Wait for the process to exit (its pipe has closed) and return its exit code; one
+        that lingers past ``EXIT_GRACE_S`` cannot be sent anything any more, and still holds
+        its cores: it is killed."""
+        process.join(EXIT_GRACE_S)
+        if process.exitcode is None:
+            log.warning("worker %d (pid %s) closed its pipe but did not exit; killing it", worker.id, process.pid)
+            self._kill(worker, process, "closed its pipe but did not exit")
+            process.join(EXIT_GRACE_S)
+        return process.exitcode
 
     def _write(self, worker: WorkerProcess, conn, process, outbox: queue.SimpleQueue) -> None:
         """Runs in a thread per worker process: send what ``send`` queued, in order. A failure
