@@ -130,20 +130,19 @@ def tool_grammar(tools: list[ToolDef], choice: ToolChoice | None, parallel: bool
     call = {"anyOf": [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
                        "properties": {"name": {"const": t.function.name}, "arguments": t.function.parameters}}
                       for t in tools], "x-guidance": {**JSON_LAYOUT, "lenient": True}}
-    body = f'body: "\\n" %json {json.dumps(call)} "\\n{CLOSE}"'
-    more = f' ("\\n{OPEN}" body){{0,{MAX_CALLS - 1}}}' if parallel else ""
+    more = f'("\\n" tag_open body){{0,{MAX_CALLS - 1}}}' if parallel else ""
+    rules = [f'body: "\\n" %json {json.dumps(call)} "\\n" tag_close',
+             f'tag_open: "{OPEN}"', f'tag_close: "{CLOSE}"']  # a tokenizer's own tag tokens: workers.generation.grammar
     if choice == "auto" or choice is None:
-        lark = "\n".join([
-            "%llguidance {}",
-            "start: plain | calls",
-            "plain: TEXT",  # text that never opens a call: once it does, the call is held to the tools
-            f"TEXT: /(?s:.*)/ & ~/(?s:.*){OPEN}(?s:.*)/",
-            f"calls: opening body{more}",
-            f'opening[lazy]: ANY "{OPEN}"',
-            "ANY: /(?s:.*)/",
-            body])
+        rules = ["start: plain | calls",
+                 "plain: TEXT",  # text that never opens a call: once it does, the call is held to the tools
+                 f"TEXT: /(?s:.*)/ & ~/(?s:.*){OPEN}(?s:.*)/",
+                 f"calls: opening body {more}",
+                 f'opening[lazy]: ANY "{OPEN}"',
+                 "ANY: /(?s:.*)/", *rules]
     else:
-        lark = "\n".join(["%llguidance {}", f'start: "{OPEN}" body{more}', body])
+        rules = [f"start: tag_open body {more}", *rules]
+    lark = "\n".join(["%llguidance {}", *rules])
     return LLMatcher.grammar_from_lark(lark)
 
 

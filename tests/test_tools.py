@@ -12,7 +12,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.asks import WEATHER
+from tests.asks import WEATHER as WEATHER_ASK
 from tests.e2e import running_app
 
 
@@ -30,7 +30,7 @@ ADD = {"type": "function", "function": {
     "name": "add", "description": "Add two integers.",
     "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
                    "required": ["a", "b"], "additionalProperties": False}}}
-ASK = [{"role": "user", "content": WEATHER}]
+ASK = [{"role": "user", "content": WEATHER_ASK}]
 
 
 @pytest.fixture(scope="module")

@@ -120,3 +120,30 @@ def test_llama_cpps_spelling_is_the_same_grammar_as_openais():
     assert response_grammar(ResponseFormat.model_validate({"type": "json_schema", "schema": PERSON})) == \
         response_grammar(schema_format(PERSON, strict=False))
     assert response_grammar(ResponseFormat(type="text")) == ""
+
+
+@pytest.mark.parametrize("tags_are_tokens", [False, True])
+@pytest.mark.parametrize("choice", ["required", "auto"])
+def test_random_logits_under_a_tool_grammar_give_calls_that_validate(tags_are_tokens, choice):
+    """With the tags as text (SmolLM2) or as tokens of their own (Qwen2.5's added tokens)."""
+    from app.tool_calls import split_calls
+    from app.tools import ToolDef, tool_grammar
+
+    tokenizer = byte_tokenizer()
+    if tags_are_tokens:
+        tokenizer.add_tokens(["<tool_call>", "</tool_call>"])
+    tool = ToolDef.model_validate({"type": "function", "function": {"name": "find", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["n"], "additionalProperties": False}}})
+    grammar = tool_grammar([tool], choice, parallel=False)
+    calls_seen = 0
+    for seed in range(6):
+        text, ended = run(tokenizer, grammar, seed, steps=600)
+        if choice == "required":
+            assert ended, text
+        content, calls = split_calls(text, frozenset({"find"}))
+        if choice == "required" or "<tool_call>" in text:
+            assert ended and len(calls) == 1 and 0 <= json.loads(calls[0].arguments)["n"] <= 9, text
+            assert "<tool_call>" not in content and (choice == "auto" or not content)  # auto: text, then the call
+        calls_seen += len(calls)
+    assert calls_seen or choice == "auto"

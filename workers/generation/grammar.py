@@ -14,6 +14,12 @@ step, instead of trying each token. Its view of the tokenizer (an ``LLTokenizer`
 about a second to build for a 49k vocabulary, so ``Grammars`` builds it on the first
 constrained request of a worker, not at start, and compiles each distinct grammar once.
 
+A grammar's quoted tags (``"<tool_call>"``, from ``app.tools``) are matched as text; where the
+tokenizer has such a tag as one token of its own (Qwen2.5's and Qwen3's ``<tool_call>``, an
+added token llguidance treats as special), ``Vocabulary.adapt`` rewrites them to that token
+(``<[id]>``), the token the model was trained to write; a lexeme that held the tag becomes a
+rule, since a special token cannot be part of one.
+
 A thinking model (its tokenizer has ``<think>`` and ``</think>``) may open a thinking block
 first: its first token may also be ``<think>``, and the grammar then waits for ``</think>``
 before it applies, so the constraint starts after the thinking.
@@ -34,6 +40,7 @@ from workers.errors import InvalidInput
 log = logging.getLogger(__name__)
 
 COMPILED_KEPT = 32  # distinct grammars a worker keeps compiled (a client repeats its schemas)
+TAGS = ("<tool_call>", "</tool_call>")  # written quoted by app.tools; a token of their own in some tokenizers
 
 
 class Phase(enum.Enum):
@@ -101,6 +108,7 @@ class Vocabulary:
     llg: object  # llguidance.LLTokenizer
     size: int  # its tokens: the bitmask's width
     think: tuple[int, int] | None  # (<think>, </think>) ids, where the tokenizer has both
+    tags: dict[str, int]  # the ``TAGS`` the tokenizer has as one token each → its id
 
     @classmethod
     def of(cls, tokenizer, stop_ids: tuple[int, ...]) -> Vocabulary:
@@ -109,7 +117,22 @@ class Vocabulary:
         llg = from_tokenizer(tokenizer, eos_token=list(stop_ids))
         vocab = tokenizer.get_vocab()
         think = vocab.get("<think>"), vocab.get("</think>")
-        return cls(llg, llg.vocab_size, think if None not in think else None)
+        added = {token.content: i for i, token in tokenizer.added_tokens_decoder.items()}
+        return cls(llg, llg.vocab_size, think if None not in think else None,
+                   {tag: added[tag] for tag in TAGS if tag in added})
+
+    def adapt(self, grammar: str) -> str:
+        """A Lark ``grammar`` with its quoted ``TAGS`` as this tokenizer's own tokens, where it
+        has them (a JSON schema's grammar, JSON text, has no tags)."""
+        if grammar.startswith("{") or not any(f'"{tag}"' in grammar for tag in self.tags):
+            return grammar
+        lines = []
+        for line in grammar.splitlines():
+            for tag, token in self.tags.items():
+                if f'"{tag}"' in line:
+                    line = line.replace(f'"{tag}"', f"<[{token}]>").replace("[lazy]:", ":")
+            lines.append(line)
+        return "\n".join(lines)
 
 
 @dataclass
@@ -133,7 +156,7 @@ class Grammars:
         if (kept := self._compiled.get(grammar)) is not None:
             self._compiled.move_to_end(grammar)
             return kept
-        matcher = LLMatcher(self.vocab.llg, grammar, log_level=0)
+        matcher = LLMatcher(self.vocab.llg, self.vocab.adapt(grammar), log_level=0)
         if matcher.is_error():
             raise InvalidInput(f"The response format cannot be used: {matcher.get_error()}")
         self._compiled[grammar] = matcher
