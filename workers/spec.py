@@ -8,6 +8,7 @@ The engine measurement (``workers.tuning.engine_choice``) loads candidates the s
     EngineSpec.lean("dir", "prepared.weights", kernel="int8-ort", prefill="ort-fp32")
     EngineSpec.ort("dir", "graph-dir", prefill="widen-fp32")  # prompts on the graph's fp32 twin
     EngineSpec.hf("dir", dtype="bfloat16")                    # any architecture, on transformers
+    spec.with_kv("int8")                                       # its KV cache in int8 (measured: kv_choice)
 
 Prefill paths, one vocabulary for every engine: "same" (the decode kernel, or the int8 graph,
 on many rows), "widen-<dtype>" (the weights widened to <dtype> for prompts: the lean int8
@@ -43,6 +44,8 @@ class EngineSpec:
     kernel: str | None = None  # LEAN: its linear kernel (workers.decoders.lean.kernels), which sets thread env
     prefill: str | None = None  # what prompts run on (the module's vocabulary); None: the engine's first path
     summary: str = ""  # the kernel and engine choice in words, for the log, the panel and /health
+    kv: str | None = None  # LEAN, ORT: the KV cache's dtype (workers.decoders.kv_choice); None: the engine's own
+    # (the compute dtype; the graph's float32)
 
     @classmethod
     def lean(cls, model_path: str, weights: str, kernel: str, prefill: str | None = None, dtype: str = "float32",
@@ -61,6 +64,9 @@ class EngineSpec:
 
     def with_prefill(self, prefill: str, note: str = "") -> EngineSpec:
         return replace(self, prefill=prefill, summary=self.summary + note)
+
+    def with_kv(self, kv: str | None, note: str = "") -> EngineSpec:
+        return replace(self, kv=kv, summary=self.summary + note)
 
 
 @dataclass(frozen=True)

@@ -35,13 +35,13 @@ def load(spec: EngineSpec, threads: int = 1) -> Loaded:
     if spec.engine is EngineKind.ORT:
         from workers.decoders.ort.decoder import OrtDecoder
 
-        decoder = OrtDecoder(spec.weights, threads, spec.prefill)
+        decoder = OrtDecoder(spec.weights, threads, spec.prefill, kv=spec.kv)
     elif spec.engine is EngineKind.LEAN:
         from workers.decoders.lean.model import Transformer
         from workers.decoders.lean.weights import map_prepared
 
         args, kernel, tensors = map_prepared(Path(spec.weights))
-        decoder = Transformer(args, tensors, kernel, spec.prefill, threads)
+        decoder = Transformer(args, tensors, kernel, spec.prefill, threads, kv=spec.kv)
     else:
         from transformers import AutoModelForCausalLM
 

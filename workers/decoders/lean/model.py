@@ -114,6 +114,7 @@ def _check_sliding_window(cfg) -> None:
 
 
 MATMUL_ATTENTION_FROM = 192  # cached tokens from which decode attention uses plain matmuls (see _attend)
+KV_DTYPES = ("float32", "bfloat16", "float16")  # what a cache may store (``Transformer``'s ``kv``)
 
 
 @dataclass
@@ -184,12 +185,15 @@ class Transformer(Decoder):
     fuses_chunks = True
 
     def __init__(self, args: ModelArgs, tensors: dict[str, torch.Tensor], kernel: str, prefill: str | None = None,
-                 threads: int = 1) -> None:
+                 threads: int = 1, kv: str | None = None) -> None:
         self.args = args
         self.max_seq_len = args.max_seq_len
         self.kernel = KERNELS[kernel]
         self.prefill_path = prefill or self.kernel.prefill_paths[0]
         self.dtype = dtype_of(self.kernel)
+        if kv is not None and kv not in KV_DTYPES:
+            raise ValueError(f"the lean decoder has no KV cache dtype {kv!r} ({', '.join(KV_DTYPES)})")
+        self.kv_dtype = getattr(torch, kv) if kv else self.dtype  # the cache's; default: the compute dtype
         self.embed = tensors["embed"]  # [V, E]
 
         def linear(prefix: str) -> Linear:
@@ -214,13 +218,13 @@ class Transformer(Decoder):
         self._inv_freq = inv_freq(args.head_dim, args.rope_theta, args.rope_scaling)  # [D/2]
 
     def new_cache(self) -> KVCache:
-        return KVCache(self.args, self.dtype)
+        return KVCache(self.args, self.kv_dtype)
 
     @property
     def kv_bytes_per_token(self) -> int:
         """What one token of context costs in a cache: keys and values in every layer."""
         a = self.args
-        return 2 * a.n_layers * a.n_kv_heads * a.head_dim * self.dtype.itemsize
+        return 2 * a.n_layers * a.n_kv_heads * a.head_dim * self.kv_dtype.itemsize
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin for positions [B, S] → each [B, S, 1, D] (broadcast over heads)."""
@@ -322,19 +326,26 @@ def _attend(cache: KVCache, layer: int, q, k, v, start: int, mask) -> torch.Tens
     SDPA kernel on CPU (measured at batch 1, Qwen1.5-0.5B shape: 34 vs 21 tok/s at T=1500,
     even at T=256, 4% slower at T=128). Keys are multiplied as stored ([T, D] rows), so no
     transposed copy of the cache is made; query heads are grouped on their kv head (GQA).
+
+    A cache stored in fewer bytes than the compute dtype (``Transformer``'s ``kv``) is read as it
+    is by those two matmuls, the query cast to its dtype (what a decode step at a long context
+    saves is reading the cache: widening it first would read it twice); a prompt's attention
+    widens it (the cost spread over the prompt's tokens), as does a short context.
     """
     end = start + k.shape[1]
-    cache.k[layer, :, start:end] = k
+    cache.k[layer, :, start:end] = k  # rounded to the cache's dtype
     cache.v[layer, :, start:end] = v
     keys = cache.k[layer, :, :end]  # [Hkv, T, D]
     values = cache.v[layer, :, :end]
     if mask is not None or end < MATMUL_ATTENTION_FROM:
+        if keys.dtype != q.dtype:
+            keys, values = keys.to(q.dtype), values.to(q.dtype)
         return F.scaled_dot_product_attention(q, keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask,
                                               enable_gqa=True)  # [1, H, S, D]
     n_kv, head_dim = keys.shape[0], keys.shape[-1]
-    grouped = q.reshape(n_kv, -1, head_dim)  # [Hkv, H/Hkv, D]
+    grouped = q.reshape(n_kv, -1, head_dim).to(keys.dtype)  # [Hkv, H/Hkv, D]
     scores = (keys @ grouped.transpose(1, 2)).transpose(1, 2).float() * head_dim**-0.5  # [Hkv, H/Hkv, T]
-    return (torch.softmax(scores, dim=-1).to(q.dtype) @ values).reshape(q.shape)  # [1, H, 1, D]
+    return (torch.softmax(scores, dim=-1).to(values.dtype) @ values).reshape(q.shape).to(q.dtype)  # [1, H, 1, D]
 
 
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

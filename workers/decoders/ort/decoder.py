@@ -17,7 +17,8 @@ the slots of one ``Arena`` while they decode together (moved once when the batch
 "chunk" half: ``workers.decoders.ort.graph``), so the chunk does not pay for a pass over the weights.
 With ``prefill="widen-fp32"`` a prompt of ``PREFILL_FROM_ROWS`` tokens or more runs on the graph's
 fp32 twin instead (``workers.decoders.ort.graph.widen``: faster where int8 GEMMs lack VNNI), writing
-the same KV cache; decode steps and short chunks stay on the int8 graph.
+the same KV cache; decode steps and short chunks stay on the int8 graph. With ``kv="int8"`` the
+cache is int8 (both graphs retyped for it, ``workers.decoders.ort.kv``): a quarter of the bytes.
 Torch only samples here, on one thread: its pool spinning beside onnxruntime's took a third
 of the speed (30 against 47 tok/s, measured with the onnxruntime-genai generator this replaced).
 """
@@ -38,6 +39,7 @@ import torch
 from workers.decoders.base import Decoder
 from workers.decoders.lean.kernels import PREFILL_FROM_ROWS
 from workers.decoders.ort.graph import GRAPH, MARKER, PREFILL_GRAPH, attention_window
+from workers.decoders.ort.kv import KV_DTYPES, NUMPY, int8_scales, itemsize
 from workers.decoders.ort.packed import DIFFERS_EXIT, open_session, session_options
 
 PREFILL_PATHS = ("same", "widen-fp32")  # what a prompt runs on: the int8 graph, or its fp32 twin as well
@@ -66,15 +68,13 @@ def forget(kv: np.ndarray) -> None:
             _madvise(start, end - start, MADV_DONTNEED)
 
 
-
-
 class OrtCache:
     """One sequence: the token ids it holds and their keys and values, ``kv`` of shape
-    [2, layers, 1, kv heads, capacity, head size], float32 (the builder's CPU graphs keep
-    activations in fp32). ``kv`` is slot 0 of the cache's own array (``room``: two slots, the
-    other for a newcomer to be seated beside it, ``OrtDecoder.seat``), or its slot in an
-    ``Arena`` while it decodes in a batch. Pages past ``length`` are never touched
-    (``OrtDecoder.empty_kv``), nor is an empty slot."""
+    [2, layers, 1, kv heads, capacity, head size], in the decoder's KV dtype (float32 as the
+    builder writes the graph; int8 in the graph retyped for it: ``workers.decoders.ort.kv``). ``kv`` is
+    slot 0 of the cache's own array (``room``: two slots, the other for a newcomer to be seated
+    beside it, ``OrtDecoder.seat``), or its slot in an ``Arena`` while it decodes in a batch.
+    Pages past ``length`` are never touched (``OrtDecoder.empty_kv``), nor is an empty slot."""
 
     def __init__(self, decoder: OrtDecoder, capacity: int = 256) -> None:
         self.decoder = decoder
@@ -174,26 +174,35 @@ class OrtDecoder(Decoder):
     fuses_chunks = True
 
     def __init__(self, path: str, threads: int, prefill: str | None = None, halves: bool = True,
-                 pack: bool = True) -> None:
+                 pack: bool = True, kv: str | None = None) -> None:
         prefill = prefill or PREFILL_PATHS[0]
         if prefill not in PREFILL_PATHS:
             raise ValueError(f"the onnxruntime graph has no prefill path {prefill!r} ({', '.join(PREFILL_PATHS)})")
+        self.kv = kv or KV_DTYPES[0]
+        if self.kv not in KV_DTYPES:
+            raise ValueError(f"the onnxruntime graph has no KV cache dtype {self.kv!r} ({', '.join(KV_DTYPES)})")
         torch.set_num_threads(1)  # torch only samples here (see the module)
-        self.session = open_session(Path(path) / GRAPH, threads, pack)
-        self.prefill_sessions = {"same": self.session}
-        if prefill == "widen-fp32":
-            self.prefill_sessions["widen-fp32"] = open_session(Path(path) / PREFILL_GRAPH, threads, pack)
-        self.prefill = prefill
-        self.halves = None  # (the batch's decoder, a prompt's): see ``Decoder.halves``
-        if halves and threads >= 2:  # sessions mapping the same packed weights: ~30-60 MB more each
-            self.halves = (OrtDecoder(path, (threads + 1) // 2, halves=False, pack=pack),
-                           OrtDecoder(path, threads // 2, prefill, halves=False, pack=pack))
         spec = json.loads((Path(path) / MARKER).read_text())["model"]
         d = spec["decoder"]
         self.max_seq_len = spec["context_length"]
         self.vocab = spec["vocab_size"]
         self.layers, self.kv_heads, self.head_size = d["num_hidden_layers"], d["num_key_value_heads"], d["head_size"]
-        self.kv_bytes_per_token = 2 * self.layers * self.kv_heads * self.head_size * 4
+        self.kv_dtype = NUMPY[self.kv]  # the cache's arrays (``workers.decoders.ort.kv``)
+        self.kv_bytes_per_token = 2 * self.layers * self.kv_heads * self.head_size * itemsize(self.kv)
+        scales = None
+        if self.kv == "int8":
+            scales = int8_scales(Path(path), lambda ids: _float32_cache(path, threads, pack, ids),
+                                 self.layers, self.kv_heads, self.head_size)
+        self.session = open_session(Path(path) / GRAPH, threads, pack, self.kv, scales)
+        self.prefill_sessions = {"same": self.session}
+        if prefill == "widen-fp32":
+            self.prefill_sessions["widen-fp32"] = open_session(Path(path) / PREFILL_GRAPH, threads, pack, self.kv,
+                                                               scales)
+        self.prefill = prefill
+        self.halves = None  # (the batch's decoder, a prompt's): see ``Decoder.halves``
+        if halves and threads >= 2:  # sessions mapping the same packed weights: ~30-60 MB more each
+            self.halves = (OrtDecoder(path, (threads + 1) // 2, halves=False, pack=pack, kv=self.kv),
+                           OrtDecoder(path, threads // 2, prefill, halves=False, pack=pack, kv=self.kv))
         self.least_capacity = attention_window(Path(path) / GRAPH)
         self.arena: Arena | None = None  # the batch's; its halves use this one's (``home``), so that a batch
         # moving between them moves no cache
@@ -202,8 +211,8 @@ class OrtDecoder(Decoder):
             half.home = self
         self._bound: dict[object, tuple[tuple, object]] = {}  # session -> (where the kv arrays were, their
         # binding): _kv_binding
-        self.no_rows = np.zeros((2, self.layers, 0, self.kv_heads, 1, self.head_size), np.float32)  # a call that
-        # only prefills: its decode half is empty
+        self.no_rows = np.zeros((2, self.layers, 0, self.kv_heads, 1, self.head_size), self.kv_dtype)  # a call
+        # that only prefills: its decode half is empty
 
     def empty_kv(self, slots: int, capacity: int) -> np.ndarray:
         """Uninitialized KV memory in 4 KB pages, from an anonymous map of its own.
@@ -216,10 +225,10 @@ class OrtDecoder(Decoder):
         Private, not shared (``mmap``'s default), and never in huge pages, so that ``forget`` can
         give a vacated slot's pages back (a shared map keeps them until it is unmapped)."""
         shape = (2, self.layers, slots, self.kv_heads, max(capacity, self.least_capacity), self.head_size)
-        buffer = mmap.mmap(-1, math.prod(shape) * 4, flags=mmap.MAP_PRIVATE)
+        buffer = mmap.mmap(-1, math.prod(shape) * itemsize(self.kv), flags=mmap.MAP_PRIVATE)
         if hasattr(mmap, "MADV_NOHUGEPAGE"):
             buffer.madvise(mmap.MADV_NOHUGEPAGE)
-        return np.frombuffer(buffer, np.float32).reshape(shape)
+        return np.frombuffer(buffer, self.kv_dtype).reshape(shape)
 
     def own_kv(self, capacity: int) -> np.ndarray:
         """A cache's own array: two slots, the cache in the first, the second left for a
@@ -313,8 +322,8 @@ class OrtDecoder(Decoder):
             for layer in range(self.layers):
                 for i, name in enumerate(("key", "value")):
                     pointer = kv[i, layer].ctypes.data  # contiguous per layer; read and written in place
-                    io.bind_input(f"{past}.{layer}.{name}", "cpu", 0, np.float32, shape, pointer)
-                    io.bind_output(f"{present}.{layer}.{name}", "cpu", 0, np.float32, shape, pointer)
+                    io.bind_input(f"{past}.{layer}.{name}", "cpu", 0, self.kv_dtype, shape, pointer)
+                    io.bind_output(f"{present}.{layer}.{name}", "cpu", 0, self.kv_dtype, shape, pointer)
         self._bound[session] = (where, io)
         return io
 
@@ -344,6 +353,14 @@ class OrtDecoder(Decoder):
         for cache in (*row_caches, chunk):
             cache.touched = max(cache.touched, cache.length)
         return torch.from_numpy(out[0])
+
+
+def _float32_cache(path: str, threads: int, pack: bool, ids: list[int]) -> np.ndarray:
+    """The float32 keys and values of ``ids`` prefilled on the graph: what int8 scales are calibrated on."""
+    decoder = OrtDecoder(path, threads, halves=False, pack=pack)
+    cache = decoder.new_cache()
+    decoder.forward(torch.tensor(ids), cache, logits=False)
+    return cache.kv[..., : len(ids), :].copy()
 
 
 def save_packed(graph: str, dest: str) -> None:

@@ -16,7 +16,7 @@ DIFFERS, DIFFERS_EXIT = "DIFFERS", 3  # what ``packed`` leaves where onnxruntime
 log = logging.getLogger("workers")
 
 
-def open_session(graph: Path, threads: int, pack: bool = True):
+def open_session(graph: Path, threads: int, pack: bool = True, kv: str = "float32", scales=None):
     """An onnxruntime session on ``graph`` whose weights, as its kernels pack them, are mapped
     from a file (``packed``): shared by every session and worker on this machine, not copied.
     (``pack=False``: the graph as it is, its weights packed into the session's own memory.)
@@ -25,10 +25,15 @@ def open_session(graph: Path, threads: int, pack: bool = True):
     session's own: 565 MB per worker for the int8 graph of the Qwen1.5-0.5B shape and 1.38 GB
     for its fp32 twin (measured), held again by every worker and by every session with another
     thread count. Loaded from the file, a session holds 30-60 MB of its own, decodes as fast
-    and gives the same logits (measured on Zen 3)."""
+    and gives the same logits (measured on Zen 3).
+
+    ``kv``: the KV cache's dtype (``workers.decoders.ort.kv``), its graph retyped from the packed
+    one and sharing its weights file (``scales``: int8's)."""
     import onnxruntime as ort
 
-    path = packed(graph) if pack else graph
+    from workers.decoders.ort.kv import retyped
+
+    path = retyped(packed(graph) if pack else graph, kv, scales)
     return ort.InferenceSession(str(path), session_options(threads), providers=["CPUExecutionProvider"])
 
 
