@@ -10,6 +10,7 @@ each stage so the page can say what is happening:
       → where the onnxruntime graph is eligible too: build it, time both engines in a pinned
         process, serve on the faster, with the graph's fp32 twin for prompts where it was
         measured worth its memory and fits
+      → the KV cache's dtype for that engine: measured in a pinned process (once; cached), or forced
 
 Any step that cannot be had falls back to what serves without it, with a log line.
 """
@@ -68,6 +69,8 @@ def prepare_model(config: AppConfig, layout: WorkerLayout, startup: Startup) -> 
             spec = prepare_lean(model, choice, cache_dir, startup)
             if EngineKind.ORT in engines:
                 spec = choose_engine(config, spec, model, layout, startup)
+    if spec.engine is not EngineKind.HF:
+        spec = choose_kv(config, spec, layout, startup)
     startup.step("starting the workers", stages.STARTING)
     return spec
 
@@ -145,6 +148,19 @@ def choose_engine(config: AppConfig, lean: EngineSpec, model: ResolvedModel, lay
              "; ".join(f"{name}: {t.summary()}" for name, t in timings.items()), choice.engine)
     chosen = lean if choice.engine == "lean" else serving_prefill(ort, timings["ort"].prefill)
     return chosen.with_prefill(chosen.prefill, f"; engine measured fastest: {timings[choice.engine].summary()}")
+
+
+def choose_kv(config: AppConfig, spec: EngineSpec, layout: WorkerLayout, startup: Startup) -> EngineSpec:
+    """The KV cache dtype ``--kv-dtype`` forces, or the one measured fastest here within a bound on
+    quality (``workers.decoders.kv_choice``: once per machine and model, cached)."""
+    from workers.decoders import kv_choice
+
+    if config.kv_dtype != "auto":
+        return kv_choice.forced(spec, config.kv_dtype)
+    if len(kv_choice.candidates(spec)) > 1:
+        startup.step("measuring which KV cache dtype is fastest on this CPU (once per CPU and model)",
+                     stages.MEASURING)
+    return kv_choice.choose(spec, layout, Path(config.cache_dir).expanduser())
 
 
 def serving_prefill(ort: EngineSpec, measured: str) -> EngineSpec:
