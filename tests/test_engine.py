@@ -18,8 +18,8 @@ from workers.spec import EngineSpec
 GREEDY = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=12)
 
 
-def run(engine, ids, params=GREEDY, scope="", session=None):
-    return generate(engine, ids, params, scope, session)
+def run(engine, prompt, params=GREEDY, scope="", session=None):
+    return generate(engine, prompt, params, scope, session)
 
 
 def make_engine(path: str, kernel: str, cache_dir, prefill: str | None = None, **config) -> Engine:
@@ -44,9 +44,9 @@ def smol_engine(bundled_model, serving_kernel, cache_dir):
 
 
 def test_greedy_is_deterministic_and_respects_the_budget(tiny_engine):
-    ids = tiny_engine.prompt([ChatMessage("user", "hello")], 12)
-    text1, fin1 = run(tiny_engine, ids)
-    text2, fin2 = run(tiny_engine, ids)
+    prompt = tiny_engine.prompt([ChatMessage("user", "hello")], 12)
+    text1, fin1 = run(tiny_engine, prompt)
+    text2, fin2 = run(tiny_engine, prompt)
     assert text1 == text2
     assert fin1.metrics.completion_tokens <= 12
     assert fin1.reason in (FinishReason.STOP, FinishReason.LENGTH)
@@ -54,13 +54,13 @@ def test_greedy_is_deterministic_and_respects_the_budget(tiny_engine):
 
 def test_next_turn_reuses_the_conversation_cache_with_identical_output(tiny_engine):
     turn1 = [ChatMessage("user", "hello there")]
-    ids1 = tiny_engine.prompt(turn1, 12)
-    answer, _ = run(tiny_engine, ids1, scope="user:a")
+    prompt1 = tiny_engine.prompt(turn1, 12)
+    answer, _ = run(tiny_engine, prompt1, scope="user:a")
     turn2 = turn1 + [ChatMessage("assistant", answer), ChatMessage("user", "and again")]
-    ids2 = tiny_engine.prompt(turn2, 12)
-    cached_text, cached = run(tiny_engine, ids2, scope="user:a")  # no session id: matched on token ids
-    fresh_text, fresh = run(tiny_engine, ids2, scope="")
-    assert cached.metrics.cached_prompt_tokens >= len(ids1.ids) - 1  # only the new turn was prefilled
+    prompt2 = tiny_engine.prompt(turn2, 12)
+    cached_text, cached = run(tiny_engine, prompt2, scope="user:a")  # no session id: matched on token ids
+    fresh_text, fresh = run(tiny_engine, prompt2, scope="")
+    assert cached.metrics.cached_prompt_tokens >= len(prompt1.ids) - 1  # only the new turn was prefilled
     assert fresh.metrics.cached_prompt_tokens == 0
     assert cached_text == fresh_text
 
@@ -161,9 +161,9 @@ def assert_metrics_are_the_replys_own_times(metrics, began: float, first_returne
 
 
 def test_bundled_model_knows_the_capital_of_france_and_reports_its_real_times(smol_engine):
-    ids = smol_engine.prompt([ChatMessage("user", CAPITAL)], 32)
+    prompt = smol_engine.prompt([ChatMessage("user", CAPITAL)], 32)
     began = time.perf_counter()
-    seq, first = smol_engine.start(ids, SamplingParams(temperature=0.0, max_new_tokens=32))
+    seq, first = smol_engine.start(prompt, SamplingParams(temperature=0.0, max_new_tokens=32))
     first_returned = last_called = time.perf_counter()
     text = first.text if first else ""
     while seq.reason is None:
@@ -186,8 +186,8 @@ def test_batched_decode_gives_each_sequence_its_own_answer(smol_engine):
     params = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=24)
     prompts = [smol_engine.prompt([ChatMessage("user", q)], 24) for q in
                (CAPITAL, "Name three colours.", "用中文说你好。")]
-    alone = [run(smol_engine, ids, params)[0] for ids in prompts]
-    started = [smol_engine.start(ids, params) for ids in prompts]
+    alone = [run(smol_engine, prompt, params)[0] for prompt in prompts]
+    started = [smol_engine.start(prompt, params) for prompt in prompts]
     seqs = [seq for seq, _ in started]
     texts = {id(seq): first.text if first else "" for seq, first in started}
     while any(seq.reason is None for seq in seqs):
@@ -205,19 +205,19 @@ def test_a_prompt_prefilled_within_the_others_decode_steps_changes_no_answer(smo
     one piece takes the kernel's prefill path (fp32 activations for int8-ort, measured
     fastest on Zen 5), whose last-bit differences resolve a near-tie 20 tokens on otherwise."""
     params = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=24)
-    ids = [smol_engine.prompt([ChatMessage("user", q)], 24) for q in
-           (CAPITAL, "Name three colours.", "Please say, in one short sentence, what a river is.")]
-    alone = [run(smol_engine, i, params)[0] for i in ids[:-1]] + [generate(smol_engine, ids[-1], params,
-                                                                            chunk_tokens=7)[0]]
-    together, calls = prefill_within_steps(smol_engine, ids, params, chunk_tokens=7)
-    assert calls == -(-len(ids[-1].ids) // 7)
+    prompts = [smol_engine.prompt([ChatMessage("user", q)], 24) for q in
+               (CAPITAL, "Name three colours.", "Please say, in one short sentence, what a river is.")]
+    alone = [run(smol_engine, p, params)[0] for p in prompts[:-1]] + [generate(smol_engine, prompts[-1], params,
+                                                                                chunk_tokens=7)[0]]
+    together, calls = prefill_within_steps(smol_engine, prompts, params, chunk_tokens=7)
+    assert calls == -(-len(prompts[-1].ids) // 7)
     assert [t.strip() for t in together] == [a.strip() for a in alone]
 
 
 def test_cancelled_sequence_reports_real_metrics_and_keeps_its_cache(smol_engine):
-    ids = smol_engine.prompt([ChatMessage("user", "Count from 1 to 100.")], 100)
+    prompt = smol_engine.prompt([ChatMessage("user", "Count from 1 to 100.")], 100)
     began = time.perf_counter()
-    seq, _ = smol_engine.start(ids, SamplingParams(temperature=0.0, max_new_tokens=100), "user:c")
+    seq, _ = smol_engine.start(prompt, SamplingParams(temperature=0.0, max_new_tokens=100), "user:c")
     first_returned = last_called = time.perf_counter()
     for _ in range(5):
         last_called = time.perf_counter()
@@ -226,5 +226,5 @@ def test_cancelled_sequence_reports_real_metrics_and_keeps_its_cache(smol_engine
     ended = time.perf_counter()
     assert end.reason is FinishReason.CANCELLED and end.metrics.completion_tokens == 6
     assert_metrics_are_the_replys_own_times(end.metrics, began, first_returned, last_called, ended)
-    again, _ = smol_engine.start(ids, SamplingParams(temperature=0.0, max_new_tokens=1), "user:c")
-    assert again.cached == len(ids.ids) - 1  # the next turn finds the prompt in the kept cache
+    again, _ = smol_engine.start(prompt, SamplingParams(temperature=0.0, max_new_tokens=1), "user:c")
+    assert again.cached == len(prompt.ids) - 1  # the next turn finds the prompt in the kept cache

@@ -112,12 +112,12 @@ def test_a_whole_prompt_prefilled_on_either_path_stays_close_to_fp32(ort_engine,
 
 
 def test_greedy_answers_and_batched_sequences_match_the_reference(ort_engine, fp32_engine):
-    prompts = [CAPITAL, "Name three colours.", "What is 2 + 2?"]
-    ids = [ort_engine.prompt([ChatMessage("user", q)], 24) for q in prompts]
-    alone = [generate(ort_engine, i, GREEDY)[0] for i in ids]
+    questions = [CAPITAL, "Name three colours.", "What is 2 + 2?"]
+    prompts = [ort_engine.prompt([ChatMessage("user", q)], 24) for q in questions]
+    alone = [generate(ort_engine, p, GREEDY)[0] for p in prompts]
     assert "Paris" in alone[0]
-    assert alone[0] == generate(fp32_engine, ids[0], GREEDY)[0]
-    seqs = [ort_engine.start(i, GREEDY)[0] for i in ids]  # then decoded together, a step for all
+    assert alone[0] == generate(fp32_engine, prompts[0], GREEDY)[0]
+    seqs = [ort_engine.start(p, GREEDY)[0] for p in prompts]  # then decoded together, a step for all
     while any(s.reason is None for s in seqs):
         ort_engine.step(seqs)
     together = [ort_engine.tokenizer.decode(s.generated) for s in seqs]
@@ -128,13 +128,13 @@ def test_greedy_answers_and_batched_sequences_match_the_reference(ort_engine, fp
 
 def test_replies_joining_and_leaving_a_batch_keep_their_own_answers(ort_engine):
     """Sequences move into one batch's slots and out again as others join and finish."""
-    prompts = ["Name three colours.", CAPITAL, "What is 2 + 2?"]
-    ids = [ort_engine.prompt([ChatMessage("user", q)], 24) for q in prompts]
-    alone = [generate(ort_engine, i, GREEDY)[0] for i in ids]
+    questions = ["Name three colours.", CAPITAL, "What is 2 + 2?"]
+    prompts = [ort_engine.prompt([ChatMessage("user", q)], 24) for q in questions]
+    alone = [generate(ort_engine, p, GREEDY)[0] for p in prompts]
     live, done = [], {}
-    for k, i in enumerate(ids):  # a new reply joins every 3 steps; finished ones leave
-        live.append((k, ort_engine.start(i, GREEDY)[0]))
-        for _ in range(3 if k < len(ids) - 1 else 99):
+    for k, prompt in enumerate(prompts):  # a new reply joins every 3 steps; finished ones leave
+        live.append((k, ort_engine.start(prompt, GREEDY)[0]))
+        for _ in range(3 if k < len(prompts) - 1 else 99):
             ort_engine.step([s for _, s in live])
             for j, s in [(j, s) for j, s in live if s.reason is not None]:
                 done[j] = ort_engine.tokenizer.decode(s.generated)
@@ -142,7 +142,7 @@ def test_replies_joining_and_leaving_a_batch_keep_their_own_answers(ort_engine):
                 live.remove((j, s))
             if not live:
                 break
-    assert [done[k].strip() for k in range(len(ids))] == [a.strip() for a in alone]
+    assert [done[k].strip() for k in range(len(prompts))] == [a.strip() for a in alone]
 
 
 def test_a_prompt_prefilled_within_the_others_decode_steps_changes_no_answer(ort_engine):
@@ -150,31 +150,31 @@ def test_a_prompt_prefilled_within_the_others_decode_steps_changes_no_answer(ort
     both): every reply is as it is alone, the late one too, one call per chunk. Chunks run on
     the int8 graph whatever the prefill path (a whole prompt may run on the fp32 twin), so
     the late one is as it is alone with its prompt prefilled on int8."""
-    prompts = [CAPITAL, "Name three colours.", "Please say, in one short sentence, what a river is."]
-    ids = [ort_engine.prompt([ChatMessage("user", q)], 24) for q in prompts]
+    questions = [CAPITAL, "Name three colours.", "Please say, in one short sentence, what a river is."]
+    prompts = [ort_engine.prompt([ChatMessage("user", q)], 24) for q in questions]
     decoder = ort_engine.decoder
-    alone = [generate(ort_engine, i, GREEDY)[0] for i in ids[:-1]]
+    alone = [generate(ort_engine, p, GREEDY)[0] for p in prompts[:-1]]
     path, decoder.prefill = decoder.prefill, "same"
     try:
-        alone.append(generate(ort_engine, ids[-1], GREEDY)[0])
+        alone.append(generate(ort_engine, prompts[-1], GREEDY)[0])
     finally:
         decoder.prefill = path
-    together, calls = prefill_within_steps(ort_engine, ids, GREEDY, chunk_tokens=5)
-    assert calls == -(-len(ids[-1].ids) // 5)
+    together, calls = prefill_within_steps(ort_engine, prompts, GREEDY, chunk_tokens=5)
+    assert calls == -(-len(prompts[-1].ids) // 5)
     assert [t.strip() for t in together] == [a.strip() for a in alone]
 
 
 def test_the_next_turn_and_another_conversation_reuse_the_cache(ort_engine):
     first = [ChatMessage("user", CAPITAL)]
-    ids = ort_engine.prompt(first, 24)
-    reply, _ = generate(ort_engine, ids, GREEDY, scope="s", session_id="a")
+    prompt = ort_engine.prompt(first, 24)
+    reply, _ = generate(ort_engine, prompt, GREEDY, scope="s", session_id="a")
     longer = ort_engine.prompt([*first, ChatMessage("assistant", reply), ChatMessage("user", "And of Italy?")], 24)
     again, end = generate(ort_engine, longer, GREEDY, scope="s", session_id="a")
-    assert end.metrics.cached_prompt_tokens >= len(ids.ids)  # the first turn's KV grew into the second's
+    assert end.metrics.cached_prompt_tokens >= len(prompt.ids)  # the first turn's KV grew into the second's
     assert again == generate(ort_engine, longer, GREEDY)[0] and "Rome" in again  # as from an empty cache
     other = ort_engine.prompt([*first, ChatMessage("assistant", reply), ChatMessage("user", "And of Spain?")], 24)
     third, end = generate(ort_engine, other, GREEDY, scope="s", session_id="b")
-    assert end.metrics.cached_prompt_tokens >= len(ids.ids)  # a copy of the shared prefix
+    assert end.metrics.cached_prompt_tokens >= len(prompt.ids)  # a copy of the shared prefix
     assert third == generate(ort_engine, other, GREEDY)[0]
     again_kept = [k for k in ort_engine.conversations.kept if k.session_id == "a"][-1]
     assert again_kept.ids[: len(longer.ids)] == longer.ids  # copying left the other conversation's cache whole
