@@ -36,3 +36,16 @@ def test_guessing_a_kept_pin_digit_by_digit_reuses_the_same_for_every_digit():
     assert set(reused.values()) == {3}  # the template before the message, whatever the digit
     assert kept.lookup("client:a", None, prompt + reply[:5])[1] == len(prompt)  # nor inside the reply
     assert kept.lookup("client:a", None, prompt + reply + [9, 9])[1] == len(prompt + reply)  # its next turn: all
+
+
+def test_a_message_that_begins_with_a_whole_earlier_one_reuses_none_of_it():
+    """"My PIN is 9 5" after someone's "My PIN is 9": the shared prefix ends at the end of the
+    earlier message, inside the new one, so it goes back to the new one's start."""
+    kept = Conversations(Cache, bytes_per_token=1, budget_bytes=10_000)
+    head, said, tail = [1, 2, 3], [50, 51, 49], [7, 8]
+    kept.keep("client:a", None, head + said + tail, Cache(8), ((3, 6),))
+    longer = head + said + [45] + tail  # the earlier message, and one more token, as one message
+    assert kept.lookup("client:a", None, longer, prompt_spans=((3, 7),))[1] == 3
+    kept.keep("client:a", None, head + said + tail, Cache(8), ((3, 6),))  # (the lookup took it: keep it again)
+    assert kept.lookup("client:a", None, head + said + tail + [9], prompt_spans=((3, 6),))[1] == 8  # the same, whole
+    assert whole_turns(6, ((3, 6),), ((3, 7),)) == 3 and whole_turns(6, ((3, 6),), ((3, 6),)) == 6

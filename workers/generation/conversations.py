@@ -45,10 +45,15 @@ class Kept:
     spans: tuple[tuple[int, int], ...]  # where its messages lie in ``ids``: never reused up to inside one
 
 
-def whole_turns(shared: int, spans: tuple[tuple[int, int], ...]) -> int:
+def whole_turns(shared: int, *span_lists: tuple[tuple[int, int], ...]) -> int:
     """How much of a ``shared`` prefix may be reused: all of it, unless it ends inside a
-    message, then up to where that message starts."""
-    return next((start for start, end in spans if start < shared < end), shared)
+    message of any of ``span_lists`` (the kept turn's, the new prompt's), then up to where that
+    message starts, until it ends inside none. The new prompt's count too: a message that
+    begins with the whole of an earlier one ("My PIN is 9 5" after "My PIN is 9") would
+    otherwise reuse all of it, and tell its sender that the shorter one was sent."""
+    while inside := [start for spans in span_lists for start, end in spans if start < shared < end]:
+        shared = min(inside)
+    return shared
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -101,15 +106,16 @@ class Conversations:
     # caches ----------------------------------------------------------------------------
 
     def lookup(self, scope: str, session_id: str | None, prompt_ids: list[int], capacity: int = 0,
-               ) -> tuple[object, int]:
-        """A cache for ``prompt_ids`` holding its longest kept prefix in ``scope``, and that
+               prompt_spans: tuple[tuple[int, int], ...] = ()) -> tuple[object, int]:
+        """A cache for ``prompt_ids`` holding its longest kept prefix in ``scope``, in whole
+        messages of both (``whole_turns``; ``prompt_spans``: where the prompt's lie), and that
         length; a copy is made with room for ``capacity`` tokens."""
         best, common = None, 0
         for kept in self.kept if scope else ():
             if kept.scope != scope:
                 continue
             shared = min(common_prefix(kept.ids, prompt_ids), len(prompt_ids) - 1)  # one token left, for the logits
-            n = whole_turns(shared, kept.spans)
+            n = whole_turns(shared, kept.spans, prompt_spans)
             hinted = session_id is not None and kept.session_id == session_id
             if n > common or (n == common and n > 0 and hinted):
                 best, common = kept, n

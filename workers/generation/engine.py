@@ -169,7 +169,7 @@ class Engine:
         self.conversations.commit(seq.kv_bytes)
         try:
             seq.cache, seq.cached = self.conversations.lookup(scope, session_id, seq.prompt_ids,
-                                                              len(prompt_ids) + budget)
+                                                              len(prompt_ids) + budget, prompt.spans)
             if seq.budget > 0:
                 seq.cache.reserve(len(prompt_ids) + budget)  # now, never by copying between prefill chunks or steps
         except BaseException:  # e.g. out of memory: nothing of it stays committed
