@@ -193,6 +193,10 @@ STARTUP_ZH = [
     (r"GGUF file (.+)", "GGUF 文件 {0}"),
     (r"local directory (.+)", "本地目录 {0}"),
     (r"measured fastest", "实测最快"),
+    (r"measured fastest on a busy machine \(its least disturbed timings; measured again once the machine is "
+     r"quiet\)", "在繁忙的机器上实测最快（取受干扰最少的计时；机器空闲时重新测量）"),
+    (r"the only allowed kernel on a busy machine \(its least disturbed timings; measured again once the machine is "
+     r"quiet\)", "唯一允许的内核，在繁忙的机器上测得（机器空闲时重新测量）"),
     (r"forced with --kernel", "由 --kernel 指定"),
     (r"the only allowed kernel", "唯一允许的内核"),
     (r"layer shapes unknown", "层形状未知"),

@@ -41,8 +41,11 @@ def test_both_engines_are_measured_on_the_real_model_once(bundled_model, bundled
     assert ort.prefill_ms == ort.prefill_ms_by_path[ort.prefill] and timings["lean"].prefill is None
     [cached] = list((tmp_path / "engines").glob("*.json"))
     assert set(json.loads(cached.read_text())) == {"lean", "ort"}
-    assert measure(candidates, layout, 4, tmp_path) == timings  # from the cache, not measured again
-    assert len(processes) == len(candidates) and list((tmp_path / "engines").glob("*.json")) == [cached]
+    trusted = not any(t.doubts for t in timings.values())  # timings in doubt (a busy machine) are no verdict
+    assert cached.name.endswith(".busy.json") == (not trusted), [t.doubts for t in timings.values()]
+    if trusted:
+        assert measure(candidates, layout, 4, tmp_path) == timings  # from the cache, not measured again
+        assert len(processes) == len(candidates) and list((tmp_path / "engines").glob("*.json")) == [cached]
 
 
 def test_the_app_serves_on_the_engine_it_measured_faster(tmp_path):

@@ -23,19 +23,19 @@ import json
 import logging
 import math
 import os
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.tuning.kernel_choice import MAX_REL_ERROR, PREFILL_ROWS, Measurement, Timing
+from workers.tuning import steady
+from workers.tuning.kernel_choice import MAX_REL_ERROR, PREFILL_ROWS, Measurement, Timing, contradictions
 from workers.host.cores import WorkerLayout
 from workers.host.machine import machine_id
 from workers.host.publish import publish_json
 
 log = logging.getLogger(__name__)
 
-CALIBRATION_VERSION = 1
+CALIBRATION_VERSION = 2  # 2: only trusted timings are cached (``workers.tuning.steady``)
 DECODE_REPEATS = 7
 PREFILL_REPEATS = 3
 HOPELESS = 3.0  # this many times slower than the best so far: no need to time it precisely
@@ -87,6 +87,12 @@ def calibrate(model_path: str, shapes: Shapes, layout: WorkerLayout, max_batch: 
     path = cache_dir / "kernels" / f"{key}.json"
     if path.is_file():
         return _load(path)
+    in_doubt = path.with_name(f"{key}.busy.json")  # the last measurement in doubt: never taken as the verdict
+    if (busy := steady.reusable_in_doubt(in_doubt, layout.cpus)) is not None:
+        log.warning("The machine is still busy (%.0f%% of its cores): serving on the kernels measured in doubt "
+                    "beside other work %.0f s ago, not measuring again now; a start on a quiet machine measures "
+                    "again.", 100 * busy, time.time() - in_doubt.stat().st_mtime)
+        return _load(in_doubt)
     log.info("Measuring %d linear kernels on this CPU (once per CPU, model shape and thread count)", len(candidates))
     results = []
     for passive in (False, True):  # each group under the OpenMP policy it will run with
@@ -94,19 +100,44 @@ def calibrate(model_path: str, shapes: Shapes, layout: WorkerLayout, max_batch: 
         if group:
             results.append(_measure_in_process(layout, model_path, shapes, max_batch, group, passive))
     result = {"max_batch": max_batch, "seconds": sum(r["seconds"] for r in results)}
-    for part in ("timings", "errors", "unavailable"):
-        merged = [item for r in results for item in (r[part] if part == "timings" else r[part].items())]
-        result[part] = tuple(merged) if part == "timings" else dict(merged)
-    measurement = Measurement(machine=machine, **result)
-    publish_json(path, dataclasses.asdict(measurement))
+    for part in ("timings", "errors", "unavailable", "doubts"):
+        merged = [item for r in results for item in (r[part] if part in ("timings", "doubts") else r[part].items())]
+        result[part] = tuple(merged) if part in ("timings", "doubts") else dict(merged)
+    measurement = settle(Measurement(machine=machine, **result))
+    again = [item for r in results for item in r.get("measured_again", ())]
+    if again:
+        log.info("Kernels measured again, the first figures in doubt: %s", "; ".join(again))
+    if measurement.trusted:
+        publish_json(path, dataclasses.asdict(measurement))
+        in_doubt.unlink(missing_ok=True)
+    else:
+        log.warning("The machine was too busy to measure the kernels (%s). Assuming each kernel's fastest sample "
+                    "(the least disturbed) for this start, and not caching it: a start on a quiet machine measures "
+                    "again (one within %.0f min while the cores stay busy serves on these).",
+                    "; ".join(measurement.doubts), steady.BUSY_REUSE_S / 60)
+        publish_json(in_doubt, dataclasses.asdict(measurement))
     log.info("Kernel timings (ms per layer): %s", ", ".join(
         f"{t.kernel}/{t.phase}/{t.path} {t.ms_per_layer:.2f}" for t in measurement.timings))
     return measurement
 
 
+def settle(m: Measurement) -> Measurement:
+    """The measurement to choose by: as timed where every figure was steady and none contradicts
+    another; else in doubt, on every kernel's fastest samples (the same rule for all, so none is
+    favoured for having been measured in a quieter moment)."""
+    doubts = list(m.doubts) + [f"contradicts: {c}" for c in contradictions(m)]
+    if not doubts:
+        return m
+    fastest = tuple(dataclasses.replace(t, ms_per_layer=t.fastest_ms or t.ms_per_layer,
+                                        gbps=t.gbps * t.ms_per_layer / (t.fastest_ms or t.ms_per_layer))
+                    for t in m.timings)
+    return dataclasses.replace(m, timings=fastest, doubts=tuple(doubts))
+
+
 def _load(path: Path) -> Measurement:
     raw = json.loads(path.read_text())
     raw["timings"] = tuple(Timing(**t) for t in raw["timings"])
+    raw["doubts"] = tuple(raw.get("doubts", ()))
     return Measurement(**raw)
 
 
@@ -172,6 +203,9 @@ def measure(model_path: str | None, shapes: Shapes, threads: int, max_batch: int
     best: dict[str, float] = {}  # fastest decode-1 and prefill so far, to cut hopeless timings short
     errors: dict[str, float] = {}
     cannot_run: dict[str, str] = {}
+    doubts: list[str] = []
+    again: list[str] = []
+    budget = steady.Budget()  # measurements again, for all the kernels together
     for name in candidates:
         kernel = KERNELS[name]
         why_not = unavailable(kernel, tuple(k for _, _, k in shapes.linears))
@@ -182,9 +216,12 @@ def measure(model_path: str | None, shapes: Shapes, threads: int, max_batch: int
             errors[f"{name}/{path}"] = error
         if errors[f"{name}/decode"] > MAX_REL_ERROR:
             continue  # not worth timing
-        timings += _time_kernel(kernel, shapes, threads, max_batch, best)
+        got, doubted, retried = _time_kernel(kernel, shapes, threads, max_batch, best, budget)
+        timings += got
+        doubts += doubted
+        again += retried
     return {"max_batch": max_batch, "timings": tuple(timings), "errors": errors, "unavailable": cannot_run,
-            "seconds": time.perf_counter() - started}
+            "seconds": time.perf_counter() - started, "doubts": tuple(doubts), "measured_again": again}
 
 
 def _real_weights(model_path: str | None, shapes: Shapes) -> list:
@@ -250,12 +287,19 @@ def _last_level_cache_bytes(sys_cpu: Path = Path("/sys/devices/system/cpu/cpu0/c
 _BYTES_PER_PARAM = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1, "int8-b32": 1 + 4 / 32}
 
 
-def _time_kernel(kernel, shapes: Shapes, threads: int, max_batch: int, best: dict[str, float]) -> list[Timing]:
-    """Build one layer's linears ``n`` times over (distinct random weights), then time a
-    pass over all of them, as a layer runs them, per phase.
+def _time_kernel(kernel, shapes: Shapes, threads: int, max_batch: int, best: dict[str, float],
+                 budget: steady.Budget) -> tuple[list[Timing], list[str], list[str]]:
+    """Build one layer's linears ``n`` times over (distinct random weights), then time each
+    layer as a layer runs them, one sample per layer, over all of them again and again, per
+    phase: the timings, the doubts left about them, and what was measured again.
 
-    To stay within seconds: a path whose first pass is ``HOPELESS``x slower than the best
-    so far is recorded from that pass alone, and a kernel whose decode is that much slower
+    Samples are short (one layer) so that on a shared machine some fall between the other
+    work's time slices; a phase whose samples spread too far, or during which this process's
+    threads waited for a core, or figures that contradict each other (``contradictions``),
+    are measured again, up to ``steady.ATTEMPTS`` times while ``budget`` lasts (``workers.tuning.steady``).
+
+    To stay within seconds: a path whose first samples are ``HOPELESS``x slower than the best
+    so far, steadily, is recorded from those alone, and a kernel whose decode is that much slower
     than the best one's gets no prefill timing (its prefill can only be used with its decode)."""
     import torch
     import torch.nn.functional as F
@@ -276,34 +320,40 @@ def _time_kernel(kernel, shapes: Shapes, threads: int, max_batch: int, best: dic
         gate, up = path_of(layer["gate_up"])(h).to(dtype).chunk(2, dim=-1)
         return h + path_of(layer["down"])(F.silu(gate) * up).to(dtype)
 
-    def timed(rows: int, path_of, layer_count: int, repeats: int, phase: str) -> float:
+    def timed(rows: int, path_of, layer_count: int, repeats: int, phase: str) -> steady.Reading:
         x = torch.randn(rows, shapes.dim).to(dtype)
-        begin = time.perf_counter()
         run_layer(layers[0], x, path_of)  # warm-up: lazy init, first-touch of buffers
-        first_ms = (time.perf_counter() - begin) * 1000
-        if first_ms > HOPELESS * best.get(phase, math.inf):
-            return first_ms
-        samples = []
-        for _ in range(repeats):
-            begin = time.perf_counter()
-            for layer in layers[:layer_count]:
-                run_layer(layer, x, path_of)  # the same input each time: values must not blow up
-            samples.append((time.perf_counter() - begin) / layer_count * 1000)
-        ms = statistics.median(samples)
-        best[phase] = min(ms, best.get(phase, math.inf))
-        return ms
+        def one(i: int) -> None:
+            run_layer(layers[i % layer_count], x, path_of)  # the same input each time: values must not blow up
+        probe = steady.sample(one, min(3, layer_count))
+        if probe.fastest > HOPELESS * best.get(phase, math.inf) and not probe.doubt(phase):
+            return probe
+        reading = steady.sample(one, layer_count * repeats)
+        best[phase] = min(reading.fastest, best.get(phase, math.inf))  # the fastest: no busy spell inflates it
+        return reading
 
-    out = []
-    for rows in sorted({1, max_batch}):
-        ms = timed(rows, lambda lin: lin.decode, n, DECODE_REPEATS, f"decode-{rows}")
-        out.append(Timing(kernel.name, f"decode-{rows}", "decode", ms, bytes_per_layer / ms / 1e6))
-    if out[0].ms_per_layer > HOPELESS * best["decode-1"]:
-        return out
-    prefill_layers = min(n, 2)
-    for path in kernel.prefill_paths:
-        for layer in layers[:prefill_layers]:
-            for lin in layer.values():
-                lin.prefill = prefill_path(lin.packed, path, lin.decode, threads)
-        ms = timed(PREFILL_ROWS, lambda lin: lin.prefill, prefill_layers, PREFILL_REPEATS, "prefill")
-        out.append(Timing(kernel.name, f"prefill-{PREFILL_ROWS}", path, ms, bytes_per_layer / ms / 1e6))
-    return out
+    def attempt() -> dict[str, steady.Reading]:  # "phase/path" -> reading
+        got = {}
+        for rows in sorted({1, max_batch}):
+            got[f"decode-{rows}/decode"] = timed(rows, lambda lin: lin.decode, n, DECODE_REPEATS, f"decode-{rows}")
+        if got["decode-1/decode"].fastest > HOPELESS * best["decode-1"]:
+            return got
+        prefill_layers = min(n, 2)
+        for path in kernel.prefill_paths:
+            for layer in layers[:prefill_layers]:
+                for lin in layer.values():
+                    lin.prefill = prefill_path(lin.packed, path, lin.decode, threads)
+            got[f"prefill-{PREFILL_ROWS}/{path}"] = timed(PREFILL_ROWS, lambda lin: lin.prefill, prefill_layers,
+                                                          PREFILL_REPEATS, "prefill")
+        return got
+
+    def timings_of(readings: dict[str, steady.Reading], fastest: dict[str, steady.Reading]) -> list[Timing]:
+        return [Timing(kernel.name, *key.split("/", 1), r.median, bytes_per_layer / r.median / 1e6,
+                       fastest[key].fastest) for key, r in readings.items()]
+
+    def contradicts(readings: dict[str, steady.Reading]) -> list[str]:
+        return contradictions(Measurement("", max_batch, tuple(timings_of(readings, readings)), {}, {}, 0.0))
+
+    done = steady.until_steady(attempt, contradicts, label=lambda key: f"{kernel.name}/{key}", budget=budget)
+    again = [f"{kernel.name} ({done.tries} times)"] if done.tries > 1 else []
+    return timings_of(done.latest, done.merged), done.doubts, again

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import statistics
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,13 +35,17 @@ from workers.host.cores import WorkerLayout
 from workers.host.machine import machine_id
 from workers.host.publish import publish_json
 from workers.spec import EngineKind, EngineSpec
+from workers.tuning import steady
 from workers.tuning.calibrate import run_pinned
-from workers.tuning.kernel_choice import PREFILL_ROWS, TURN_PROMPT_TOKENS, TURN_REPLY_TOKENS
+from workers.tuning.kernel_choice import BATCH_MARGIN, FLOOR_MARGIN, PREFILL_ROWS, TURN_PROMPT_TOKENS, TURN_REPLY_TOKENS
 
-VERSION = 4  # bump when an engine changes what a step costs (4: prefill paths named as in workers.spec)
+log = logging.getLogger(__name__)
+
+VERSION = 5  # bump when an engine changes what a step costs (5: only trusted timings cached, workers.tuning.steady)
 WIDER_PREFILL_GAIN = 0.9  # a prefill path holding a private fp32 copy must take at most this share of
 # the int8 path's time to be kept
 STEPS = 9  # decode steps timed at each batch size (the median counts)
+PREFILLS = 3  # prompts timed on each prefill path, after one that warms up
 CONTEXT = 2 * PREFILL_ROWS  # what each sequence holds while its steps are timed
 
 
@@ -52,6 +56,7 @@ class EngineTiming:
     batch_step_ms: float  # one decode step for ``max_batch`` sequences together
     prefill: str | None = None  # the graph's prefill path kept (``pick_prefill``); None: the lean decoder
     prefill_ms_by_path: dict[str, float] = dataclasses.field(default_factory=dict)  # each path timed
+    doubts: tuple[str, ...] = ()  # why these figures cannot be trusted (a busy machine): never cached
 
     @property
     def turn_ms(self) -> float:
@@ -77,18 +82,44 @@ class EngineChoice:
     engine: str  # "lean" | "ort"
     timings: dict[str, EngineTiming]
 
+    @property
+    def trusted(self) -> bool:
+        return not any(t.doubts for t in self.timings.values())
+
+    @property
+    def why(self) -> str:
+        return "measured fastest" + ("" if self.trusted else " on a busy machine (its least disturbed timings; "
+                                                              "measured again once the machine is quiet)")
+
     def summary(self) -> str:
-        return f"{NAMES[self.engine]}, measured faster here (" + "; ".join(
+        return f"{NAMES[self.engine]}, {self.why.replace('measured fastest', 'measured faster here')} (" + "; ".join(
             f"{NAMES[name]}: {t.summary()}" for name, t in self.timings.items()) + ")"
 
     def report(self) -> dict:
-        return {"engine": self.engine, "why": "measured fastest",
-                "timings_ms": {name: dataclasses.asdict(t) for name, t in self.timings.items()}}
+        return {"engine": self.engine, "why": self.why, "trusted": self.trusted,
+                "timings_ms": {name: {k: v for k, v in dataclasses.asdict(t).items() if k != "doubts"}
+                               for name, t in self.timings.items()},
+                "doubts": [f"{name}: {d}" for name, t in self.timings.items() for d in t.doubts]}
 
 
 def pick(timings: dict[str, EngineTiming]) -> EngineChoice:
     """The engine whose typical turn is fastest."""
     return EngineChoice(min(timings, key=lambda name: timings[name].turn_ms), timings)
+
+
+def contradictions(t: EngineTiming, max_batch: int) -> list[str]:
+    """Figures of one engine that cannot all be right on any CPU: a step for ``max_batch``
+    sequences costing more than ``max_batch`` steps of one (with ``BATCH_MARGIN``), or less than
+    one step (with ``FLOOR_MARGIN``), or a prompt of ``PREFILL_ROWS`` tokens costing less than one step."""
+    out = []
+    if max_batch > 1 and t.batch_step_ms > BATCH_MARGIN * max_batch * t.step_ms:
+        out.append(f"a step of {max_batch} {t.batch_step_ms:.1f} ms, {t.batch_step_ms / t.step_ms:.0f}x "
+                   f"a step of one's {t.step_ms:.1f} ms")
+    if max_batch > 1 and t.batch_step_ms < FLOOR_MARGIN * t.step_ms:
+        out.append(f"a step of {max_batch} {t.batch_step_ms:.1f} ms, less than a step of one's {t.step_ms:.1f} ms")
+    if t.prefill_ms < FLOOR_MARGIN * t.step_ms:
+        out.append(f"a prompt of {PREFILL_ROWS} tokens {t.prefill_ms:.1f} ms, less than a step's {t.step_ms:.1f} ms")
+    return out
 
 
 def pick_prefill(prefill_ms: dict[str, float]) -> str:
@@ -120,9 +151,26 @@ def measure(candidates: dict[str, EngineSpec], layout: WorkerLayout, max_batch: 
     path = cache_dir / "engines" / f"{key}.json"
     if path.is_file():
         return {name: EngineTiming(**t) for name, t in json.loads(path.read_text()).items()}
+    in_doubt = path.with_name(f"{key}.busy.json")  # the last timings in doubt: never taken as the verdict
+    if (busy := steady.reusable_in_doubt(in_doubt, layout.cpus)) is not None:
+        log.warning("The machine is still busy (%.0f%% of its cores): serving on the engine timings taken in doubt "
+                    "beside other work %.0f s ago, not timing again now; a start on a quiet machine times again.",
+                    100 * busy, time.time() - in_doubt.stat().st_mtime)
+        return {name: EngineTiming(**{**t, "doubts": tuple(t["doubts"])})
+                for name, t in json.loads(in_doubt.read_text()).items()}
     timings = {name: run_pinned(layout, time_engine, c, layout.threads, max_batch)
                for name, c in candidates.items()}
-    publish_json(path, {name: dataclasses.asdict(t) for name, t in timings.items()})
+    doubts = [f"{name}: {d}" for name, t in timings.items() for d in t.doubts]
+    if doubts:
+        log.warning("The machine was too busy to time the engines (%s). Assuming each engine's fastest samples "
+                    "(the least disturbed) for this start, and not caching them: a start on a quiet machine times "
+                    "again (one within %.0f min while the cores stay busy serves on these).",
+                    "; ".join(doubts), steady.BUSY_REUSE_S / 60)
+        publish_json(in_doubt, {name: dataclasses.asdict(t) for name, t in timings.items()})
+    else:
+        publish_json(path, {name: {k: v for k, v in dataclasses.asdict(t).items() if k != "doubts"}
+                            for name, t in timings.items()})
+        in_doubt.unlink(missing_ok=True)
     return timings
 
 
@@ -149,29 +197,45 @@ def time_engine(c: EngineSpec, threads: int, max_batch: int) -> EngineTiming:
     prompt = torch.randint(10, 1000, (PREFILL_ROWS,), generator=torch.Generator().manual_seed(0))
     total = CONTEXT + 2 * STEPS + 1  # the first sequence takes every step
 
-    def timed(run) -> float:
-        started = time.perf_counter()
-        run()
-        return (time.perf_counter() - started) * 1000
+    token = torch.tensor([11])
+    tokens = token.repeat(max_batch)
 
-    with torch.no_grad():
-        prefill_ms, first = {}, None
+    def prefills(count: int) -> steady.Reading:
+        caches = [decoder.new_cache() for _ in range(count)]
+        for cache in caches:
+            cache.reserve(total)
+        return steady.sample(lambda i: decoder.forward(prompt, caches[i]), count)
+
+    def steps() -> tuple[steady.Reading, steady.Reading]:
+        first = decoder.new_cache()
+        first.reserve(total)
+        decoder.forward(prompt, first)
+        decoder.forward(prompt, first)  # every sequence holds CONTEXT tokens
+        caches = [first] + [first.copy_prefix(CONTEXT, total) for _ in range(max_batch - 1)]
+        return (steady.sample(lambda i: decoder.forward_batch(token, caches[:1]), STEPS),
+                steady.sample(lambda i: decoder.forward_batch(tokens, caches), STEPS))
+
+    def figures(readings: dict, trusted: bool) -> EngineTiming:
+        by_path = {path: readings[f"prefill {path or ''}".strip()].value(trusted) for path in offered or (None,)}
+        kept = pick_prefill(by_path) if offered else None
+        return EngineTiming(by_path[kept], readings["step"].value(trusted), readings[f"step of {max_batch}"].value(trusted),
+                            kept, by_path if offered else {})
+
+    def attempt() -> dict[str, steady.Reading]:
+        readings = {}
         for path in offered or (None,):
             if path:
                 decoder.prefill = path
-            prefills = []
-            for _ in range(3):  # the first also warms the graph or kernels up
-                cache = decoder.new_cache()
-                cache.reserve(total)
-                prefills.append(timed(lambda cache=cache: decoder.forward(prompt, cache)))
-                first = first or cache
-            prefill_ms[path] = statistics.median(prefills[1:])
-        kept = pick_prefill(prefill_ms) if offered else None
-        decoder.forward(prompt, first)  # every sequence holds CONTEXT tokens
-        caches = [first] + [first.copy_prefix(CONTEXT, total) for _ in range(max_batch - 1)]
-        token = torch.tensor([11])
-        alone = [timed(lambda: decoder.forward_batch(token, caches[:1])) for _ in range(STEPS)]
-        tokens = token.repeat(max_batch)
-        together = [timed(lambda: decoder.forward_batch(tokens, caches)) for _ in range(STEPS)]
-    return EngineTiming(prefill_ms[kept], statistics.median(alone), statistics.median(together),
-                        kept, prefill_ms if offered else {})
+            readings[f"prefill {path or ''}".strip()] = prefills(PREFILLS)
+        readings["step"], readings[f"step of {max_batch}"] = steps()
+        return readings
+
+    with torch.no_grad():
+        for path in offered or (None,):  # warms the graph or kernels up
+            if path:
+                decoder.prefill = path
+            prefills(1)
+        done = steady.until_steady(attempt, lambda readings: contradictions(figures(readings, True), max_batch))
+    if done.trusted:
+        return figures(done.latest, True)
+    return dataclasses.replace(figures(done.merged, False), doubts=tuple(done.doubts))

@@ -28,6 +28,7 @@ class Timing:
     path: str  # "decode", or the prefill path's name
     ms_per_layer: float  # median time of one layer's four linears and the ops between them
     gbps: float  # weight bytes read per second
+    fastest_ms: float | None = None  # the fastest sample (the least disturbed, ``workers.tuning.steady``)
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,11 @@ class Measurement:
     errors: dict[str, float]  # "kernel/path" -> relative error vs fp32 on real weights
     unavailable: dict[str, str]  # kernel -> why this machine cannot run it
     seconds: float  # how long the calibration took
+    doubts: tuple[str, ...] = ()  # why the timings cannot be trusted (a busy machine): never cached
+
+    @property
+    def trusted(self) -> bool:
+        return not self.doubts
 
     def time(self, kernel: str, phase: str, path: str = "decode") -> float | None:
         for t in self.timings:
@@ -85,7 +91,31 @@ class KernelChoice:
                              for t in m.timings} if m else {},
             "rel_error_vs_fp32": {k: round(v, 5) for k, v in m.errors.items()} if m else {},
             "unavailable": dict(m.unavailable) if m else {},
+            "trusted": m.trusted if m else None,
+            "doubts": list(m.doubts) if m else [],
         }
+
+
+BATCH_MARGIN = 1.5  # B rows in one pass cost at most B x one row's time, with this margin for noise
+FLOOR_MARGIN = 0.7  # and more rows never cost less than this share of one row's time
+
+
+def contradictions(m: Measurement) -> list[str]:
+    """Figures of one kernel that cannot all be right on any CPU: ``max_batch`` rows in one pass
+    costing more than ``max_batch`` passes of one row (a busy spell measured 70x), or more rows
+    costing less than one. Each says which, in words."""
+    out = []
+    for kernel in dict.fromkeys(t.kernel for t in m.timings):
+        one = m.time(kernel, "decode-1")
+        if not one:
+            continue
+        batch = m.time(kernel, f"decode-{m.max_batch}") if m.max_batch > 1 else None
+        if batch is not None and batch > BATCH_MARGIN * m.max_batch * one:
+            out.append(f"{kernel}: {m.max_batch} rows {batch:.3g} ms, {batch / one:.0f}x one row's {one:.3g} ms")
+        more = [(t.phase, t.path, t.ms_per_layer) for t in m.timings if t.kernel == kernel and t.phase != "decode-1"]
+        out += [f"{kernel}: {phase}/{path} {ms:.3g} ms, less than one row's {one:.3g} ms"
+                for phase, path, ms in more if ms < FLOOR_MARGIN * one]
+    return out
 
 
 
@@ -131,4 +161,6 @@ def choose(m: Measurement, allowed: Allowed, max_error: float = MAX_REL_ERROR) -
                                    f"unavailable: {m.unavailable})")
         decode = min(fitting, key=turn_ms)
         why = "measured fastest" if len(fitting) > 1 else "the only allowed kernel"
+        if not m.trusted:
+            why += " on a busy machine (its least disturbed timings; measured again once the machine is quiet)"
     return KernelChoice(decode, best_prefill(decode)[0], KERNELS[decode].activation, m.gbps(decode, "decode-1"), why, m)
