@@ -65,7 +65,7 @@ class GrammarMask:
         if self.think is None:
             self.phase = Phase.CONSTRAINED
 
-    def allowed(self) -> torch.Tensor:
+    def allowed(self) -> np.ndarray:
         """[vocab] bool: the tokens the grammar allows next. A matcher in error (a token it
         refused, or the parser's limits reached) allows only the end of the reply: this
         sequence ends, logged, and the others in its batch never notice."""
@@ -74,21 +74,24 @@ class GrammarMask:
         fill_next_token_bitmask(self.matcher, self.bitmask)
         if self.matcher.is_error():
             log.warning("a grammar failed mid-reply, which ends here: %s", self.matcher.get_error())
-            allowed = torch.zeros(self.vocab, dtype=torch.bool)
+            allowed = np.zeros(self.vocab, dtype=np.bool_)
             allowed[list(self.stop_ids)] = True
             return allowed
-        bits = np.unpackbits(self.bitmask.numpy().view(np.uint8), bitorder="little")[: self.vocab]
-        return torch.from_numpy(bits.view(np.bool_))
+        return np.unpackbits(self.bitmask.numpy().view(np.uint8), bitorder="little")[: self.vocab].view(np.bool_)
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        """The logits with every token the grammar forbids at -inf, in a new tensor. In numpy,
+        on this thread: torch would split a 50k-150k element op across the worker's thread
+        pool, and waking it cost 10-20 ms a token on a busy machine (measured)."""
         if self.phase is Phase.THINKING:
             return logits
-        width = min(logits.shape[-1], self.vocab)
-        allowed = torch.zeros(logits.shape[-1], dtype=torch.bool)
-        allowed[:width] = self.allowed()[:width]
+        scores = logits.float().numpy()
+        out = np.full(scores.shape[-1], -np.inf, dtype=np.float32)
+        width = min(scores.shape[-1], self.vocab)
+        np.copyto(out[:width], scores[:width], where=self.allowed()[:width])
         if self.phase is Phase.FIRST:
-            allowed[self.think[0]] = True
-        return logits.masked_fill(~allowed, float("-inf"))
+            out[self.think[0]] = scores[self.think[0]]
+        return torch.from_numpy(out)
 
     def advance(self, token: int) -> None:
         if self.phase is Phase.FIRST and token == self.think[0]:
