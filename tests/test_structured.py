@@ -18,7 +18,7 @@ from tests.e2e import running_app
 class City(BaseModel):
     name: str = Field(max_length=40)
     country: str = Field(max_length=40)
-    population_millions: float
+    population_millions: int = Field(ge=0, le=100)  # bounded: a float's digits are not
 
 
 class Fruits(BaseModel):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 
 from workers.decoders.lean.kernels import set_thread_env
@@ -63,6 +64,7 @@ def load_engine(spec: WorkerSpec):
     engine = Engine(loaded.decoder, loaded.tokenizer, loaded.stop_ids, spec.engine_config,
                     worker=spec.layout.worker_id)
     warm_up(engine, spec.warmup_tokens)
+    threading.Thread(target=engine.grammars.warm, name="grammar-warm-up", daemon=True).start()  # not waited for
     load_s = time.monotonic() - started
     log.info("ready in %.1f s on cpus %s with %d threads", load_s, spec.layout.cpus, spec.layout.threads)
     return engine, Ready(
