@@ -12,6 +12,7 @@ benchmark.png), with the CPU model and flags: figures from one CPU never stand f
     ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python -m benchmarks.run --skip-serve
                         # torch's and oneDNN's AVX2 code paths on an AVX512 machine ("emulated");
                         # fbgemm and onnxruntime still pick their kernels by CPUID
+    python -m benchmarks.run --anchor llama    # llama.cpp's server beside the app (benchmarks.llama_anchor)
 """
 
 from __future__ import annotations
@@ -63,7 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/<CPU class>")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--skip-serve", action="store_true", help="engine figures only")
+    p.add_argument("--anchor", choices=["llama"], help="instead: llama.cpp's llama-server beside the app, through "
+                   "the same client (benchmarks.llama_anchor; builds llama.cpp once, outside the repo)")
     args = p.parse_args(argv)
+    if args.anchor == "llama":
+        from benchmarks import llama_anchor
+
+        return llama_anchor.main(["--rounds", str(args.repeats)])
     machine = _machine()
     args.out = args.out or ROOT / "benchmarks" / "results" / machine["cpu_class"]
     args.out.mkdir(parents=True, exist_ok=True)

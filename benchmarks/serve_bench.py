@@ -1,7 +1,12 @@
-"""The running app, measured from outside: concurrent streams through its API, memory, start-up."""
+"""The running app, measured from outside: concurrent streams through its API, memory, start-up.
+
+The client here speaks plain OpenAI streaming chat completions, so it measures any server that
+does (``benchmarks.llama_anchor`` drives llama.cpp's ``llama-server`` with it, beside the app).
+"""
 
 from __future__ import annotations
 
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,16 +21,46 @@ PROMPT = "Write a long story about a lighthouse keeper and the sea, with many de
 def stream_tokens(url: str, max_tokens: int, seed: int) -> int:
     """One streaming request; returns completion tokens. Sampling at temperature 1 keeps a
     random-weight model from hitting a stop token early."""
-    body = {"messages": [{"role": "user", "content": PROMPT}], "stream": True, "max_tokens": max_tokens,
-            "stream_options": {"include_usage": True},  # the last chunk's usage counts the tokens
+    body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens,
             "temperature": 1.0, "top_p": 1.0, "top_k": 0, "repetition_penalty": 1.0, "seed": seed}
-    tokens = 0
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
+    return chat_stream(url, body)["tokens"]
+
+
+def chat_stream(url: str, body: dict, timeout: float = 600) -> dict:
+    """One streaming chat completion (``body`` without ``stream``), timed at the client:
+    ``ttft_ms`` to the first chunk with text, ``tokens`` and ``prompt_tokens`` (the usage chunk's),
+    ``decode_tok_s`` from the first chunk with text to the last, ``seconds`` in all."""
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}  # the last chunk's usage counts
+    tokens, prompt_tokens, first, last = 0, 0, None, None
+    started = time.perf_counter()
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=timeout) as r:
         r.raise_for_status()
         for line in r.iter_lines():
-            if '"usage": {' in line:  # the usage chunk (the others have usage: null)
-                tokens = int(line.split('"completion_tokens": ')[1].split(",")[0])
-    return tokens
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[len("data: "):])
+            if "error" in event:
+                raise RuntimeError(f"the server failed the request: {event['error']}")
+            if event.get("usage"):  # the usage chunk (the others have usage: null, or none)
+                tokens = event["usage"]["completion_tokens"]
+                prompt_tokens = event["usage"].get("prompt_tokens", 0)
+            if any((c.get("delta") or {}).get("content") for c in event.get("choices") or ()):
+                last = time.perf_counter()
+                first = first or last
+    ended = time.perf_counter()
+    decode = (tokens - 1) / (last - first) if first is not None and last > first and tokens > 1 else 0.0
+    return {"ttft_ms": ((first or ended) - started) * 1000, "tokens": tokens, "prompt_tokens": prompt_tokens,
+            "decode_tok_s": decode, "seconds": ended - started}
+
+
+def concurrent_streams(url: str, bodies: list[dict]) -> dict:
+    """Every body at once, one stream each: ``aggregate_tok_s`` (all their tokens over the wall
+    time from the first request sent to the last stream's end), and each stream's figures."""
+    started = time.perf_counter()
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        streams = list(pool.map(lambda body: chat_stream(url, body), bodies))
+    wall = time.perf_counter() - started
+    return {"aggregate_tok_s": sum(s["tokens"] for s in streams) / wall, "streams": streams}
 
 
 def aggregate_tok_s(url: str, streams: int, max_tokens: int, seed: int) -> float:
