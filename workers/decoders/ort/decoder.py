@@ -191,7 +191,7 @@ class OrtDecoder(Decoder):
         self.kv_bytes_per_token = 2 * self.layers * self.kv_heads * self.head_size * itemsize(self.kv)
         scales = None
         if self.kv == "int8":
-            scales = int8_scales(Path(path), lambda ids: _float32_cache(path, threads, pack, ids),
+            scales = int8_scales(Path(path), lambda ids: _float32_cache(path, pack, ids),
                                  self.layers, self.kv_heads, self.head_size)
         self.session = open_session(Path(path) / GRAPH, threads, pack, self.kv, scales)
         self.prefill_sessions = {"same": self.session}
@@ -355,9 +355,10 @@ class OrtDecoder(Decoder):
         return torch.from_numpy(out[0])
 
 
-def _float32_cache(path: str, threads: int, pack: bool, ids: list[int]) -> np.ndarray:
-    """The float32 keys and values of ``ids`` prefilled on the graph: what int8 scales are calibrated on."""
-    decoder = OrtDecoder(path, threads, halves=False, pack=pack)
+def _float32_cache(path: str, pack: bool, ids: list[int]) -> np.ndarray:
+    """The float32 keys and values of ``ids`` prefilled on the graph: what int8 scales are calibrated
+    on. On one thread, so that workers starting at once, each calibrating, agree to the last bit."""
+    decoder = OrtDecoder(path, 1, halves=False, pack=pack)
     cache = decoder.new_cache()
     decoder.forward(torch.tensor(ids), cache, logits=False)
     return cache.kv[..., : len(ids), :].copy()
