@@ -4,7 +4,8 @@ Measured for real on the bundled model, in the same test without the hog and the
 the same cores: what was measured beside the hog is never cached as the verdict (in doubt or
 contradicting itself), the log says the machine was too busy, and the kernel or engine it serves on decodes
 within 10% of the one chosen without the hog (by the figures measured without it: no absolute
-seconds). (The rules on given timings: ``tests/unit/test_busy_calibration.py``.)
+seconds), when those were measured undisturbed: on a machine busy without the hog too there is
+no idle choice to compare with. (The rules on given timings: ``tests/unit/test_busy_calibration.py``.)
 """
 
 from __future__ import annotations
@@ -69,8 +70,9 @@ def test_kernels_measured_beside_a_cpu_hog_are_not_cached_and_serve_as_fast(bund
 
     chosen, idle_choice = choose(busy, Allowed()).decode, choose(quiet, Allowed()).decode
     assert "busy machine" in choose(busy, Allowed()).why
-    for phase in ("decode-1", "decode-4"):  # by the figures measured without the hog
-        assert quiet.time(chosen, phase) <= 1.1 * quiet.time(idle_choice, phase), (phase, chosen, idle_choice)
+    if quiet.trusted:  # the idle choice is the reference; a run whose baseline was itself disturbed has none
+        for phase in ("decode-1", "decode-4"):  # by the figures measured without the hog
+            assert quiet.time(chosen, phase) <= 1.1 * quiet.time(idle_choice, phase), (phase, chosen, idle_choice)
 
 
 def test_engines_timed_beside_a_cpu_hog_are_not_cached_and_serve_as_fast(bundled_model, bundled_source, cache_dir,
@@ -94,5 +96,6 @@ def test_engines_timed_beside_a_cpu_hog_are_not_cached_and_serve_as_fast(bundled
     for t in busy.values():
         assert engine_choice.contradictions(t, 4) == []
     chosen, idle_choice = engine_choice.pick(busy).engine, engine_choice.pick(quiet).engine
-    for figure in ("step_ms", "batch_step_ms"):  # by the figures measured without the hog
-        assert getattr(quiet[chosen], figure) <= 1.1 * getattr(quiet[idle_choice], figure), (figure, chosen)
+    if not any(t.doubts for t in quiet.values()):  # as above: only against a baseline measured undisturbed
+        for figure in ("step_ms", "batch_step_ms"):  # by the figures measured without the hog
+            assert getattr(quiet[chosen], figure) <= 1.1 * getattr(quiet[idle_choice], figure), (figure, chosen)
