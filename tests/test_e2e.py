@@ -110,7 +110,7 @@ def test_openai_sdk_fields_are_honoured_or_refused_by_name(app):
              {"role": "user", "content": [{"type": "text", "text": "What is the capital"},
                                           {"type": "text", "text": "of France?"}]}]
     assert "Paris" in client.chat.completions.create(messages=parts, **ask).choices[0].message.content
-    refused = {"n": {"n": 2}, "tools": {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+    refused = {"functions": {"extra_body": {"functions": [{"name": "f"}]}},  # the deprecated spelling of tools
                "top_logprobs": {"top_logprobs": 2}}  # without logprobs=True, as OpenAI's
     for field, extra in refused.items():
         with pytest.raises(openai.BadRequestError, match=field):
