@@ -160,7 +160,7 @@ def choose_kv(config: AppConfig, spec: EngineSpec, layout: WorkerLayout, startup
     if len(kv_choice.candidates(spec)) > 1:
         startup.step("measuring which KV cache dtype is fastest on this CPU (once per CPU and model)",
                      stages.MEASURING)
-    return kv_choice.choose(spec, layout, Path(config.cache_dir).expanduser())
+    return kv_choice.choose(spec, layout, Path(config.cache_dir).expanduser(), config.max_batch)
 
 
 def serving_prefill(ort: EngineSpec, measured: str) -> EngineSpec:

@@ -10,20 +10,25 @@ pytestmark = pytest.mark.unit
 
 
 def test_the_fastest_close_enough_cache_serves():
-    timings = {"float32": KvTiming(20.0, 30.0, 0.0), "int8": KvTiming(19.0, 24.0, 0.006)}
+    timings = {"float32": KvTiming(20.0, 30.0, 60.0, 0.0), "int8": KvTiming(19.0, 24.0, 40.0, 0.006)}
     assert pick(timings) == "int8"
 
 
+def test_a_reply_step_is_half_alone_over_both_contexts_half_in_a_full_batch():
+    assert KvTiming(20.0, 30.0, 60.0, 0.0).step_ms == (25.0 + 60.0) / 2
+
+
 def test_the_engines_own_cache_serves_unless_another_is_clearly_faster():
-    own = KvTiming(20.0, 30.0, 0.0)
-    barely = KvTiming(own.short_ms, own.long_ms * (2 * GAIN - 1) + 0.5, 0.0)  # a mean step just above GAIN
+    own = KvTiming(20.0, 30.0, 60.0, 0.0)
+    barely = KvTiming(own.short_ms, own.long_ms, own.batch_ms - 2 * (1 - GAIN) * own.step_ms + 0.1, 0.0)
+    assert barely.step_ms > GAIN * own.step_ms > barely.step_ms - 0.1
     assert pick({"float32": own, "int8": barely}) == "float32"
-    assert pick({"float32": own, "int8": KvTiming(30.0, 40.0, 0.0)}) == "float32"
+    assert pick({"float32": own, "int8": KvTiming(30.0, 40.0, 80.0, 0.0)}) == "float32"
 
 
 def test_a_cache_too_far_from_the_engines_own_is_never_kept_however_fast():
-    timings = {"float32": KvTiming(20.0, 30.0, 0.0), "bfloat16": KvTiming(10.0, 12.0, KL_BOUND * 2),
-               "float16": KvTiming(18.0, 26.0, KL_BOUND / 2)}
+    timings = {"float32": KvTiming(20.0, 30.0, 60.0, 0.0), "bfloat16": KvTiming(10.0, 12.0, 30.0, KL_BOUND * 2),
+               "float16": KvTiming(18.0, 26.0, 50.0, KL_BOUND / 2)}
     assert pick(timings) == "float16"
 
 

@@ -4,17 +4,20 @@ A decode step reads every weight and every cached key and value once: on Qwen1.5
 float32, 196 KB of cache per token of context beside ~0.5 GB of int8 weights, so at 2,000
 tokens the cache is almost half of what a step reads. Fewer bytes per token help only where
 reading them stays cheap, which depends on the CPU and the engine: the onnxruntime graph's
-attention reads an int8 cache as it is (``workers.decoders.ort.kv``; a float16 one it widens on
-every call, so it is not offered); the lean decoder's attention matmuls run in the cache's dtype
+attention dequantizes an int8 cache as it reads it (``workers.decoders.ort.kv``; a float16 one
+it widens whole on every call, so it is not offered); the lean decoder's attention matmuls run in the cache's dtype
 (``workers.decoders.lean.model._attend``), fast where the CPU has that arithmetic. So each
 candidate (``candidates``) is loaded as a worker loads it, in a process pinned and threaded
-like one (``workers.tuning.calibrate.run_pinned``), and timed on decode steps at a short and
-a long context, in alternating rounds (the fastest round counts); and checked against the engine's own cache on the
+like one (``workers.tuning.calibrate.run_pinned``), and timed on decode steps of one reply at a
+short and a long context and of a full batch at the long one, in alternating rounds (the
+fastest round counts: other work only slows a round down); and checked against the engine's own cache on the
 held-out part of a sample conversation (``workers.decoders.ort.kv.sample_ids``): the mean KL
-of its next-token distributions. ``pick`` keeps the fastest over both contexts among those
-within ``KL_BOUND``, and only where it beats the engine's own cache by ``GAIN``.
+of its next-token distributions. ``pick`` keeps the fastest (a reply's step, half alone over
+both contexts, half in a full batch: as ``workers.tuning.engine_choice`` weighs a turn) among
+those within ``KL_BOUND``, and only where it beats the engine's own cache by ``GAIN``. A batch
+reads every reply's cache beside the weights once: that is where a smaller cache pays most.
 
-    spec = choose(spec, layout, cache_dir)   # spec.kv: "int8", say; spec.summary says why
+    spec = choose(spec, layout, cache_dir, max_batch)   # spec.kv: "int8", say; spec.summary says why
 
 ``--kv-dtype`` forces one (``forced``). The KV budget (``--kv-cache-mb``) counts each token at
 the chosen dtype's size (``Decoder.kv_bytes_per_token``).
@@ -37,7 +40,7 @@ from workers.spec import EngineKind, EngineSpec
 
 log = logging.getLogger(__name__)
 
-VERSION = 1  # bump when what a candidate costs changes
+VERSION = 2  # bump when what a candidate costs changes (2: a full batch timed too)
 SHORT, LONG = 128, 1024  # tokens of context of the steps timed
 STEPS, ROUNDS = 6, 7  # steps per sample; rounds, the candidates alternating: the fastest sample of each
 # counts (other work on the cores only ever slows a sample down)
@@ -51,17 +54,19 @@ LEAN_KV = ("float32", "bfloat16", "float16")  # workers.decoders.lean.model.KV_D
 
 @dataclass(frozen=True)
 class KvTiming:
-    short_ms: float  # one decode step at SHORT tokens of context
+    short_ms: float  # one reply's decode step at SHORT tokens of context
     long_ms: float  # at LONG
+    batch_ms: float  # a step of a full batch, each reply at LONG
     kl: float  # mean KL (nats) from the engine's own cache's next-token distributions
 
     @property
     def step_ms(self) -> float:
-        """A conversation's step, on average, as its context grows from short to long."""
-        return (self.short_ms + self.long_ms) / 2
+        """A reply's step: half of them alone (its context growing from short to long), half in a full batch."""
+        return ((self.short_ms + self.long_ms) / 2 + self.batch_ms) / 2
 
     def summary(self) -> str:
-        return f"step {self.short_ms:.1f} ms at {SHORT} tokens, {self.long_ms:.1f} ms at {LONG}, KL {self.kl:.4f}"
+        return (f"step {self.short_ms:.1f} ms at {SHORT} tokens, {self.long_ms:.1f} ms at {LONG}, "
+                f"{self.batch_ms:.1f} ms in a full batch; KL {self.kl:.4f}")
 
 
 def own(spec: EngineSpec) -> str:
@@ -92,13 +97,13 @@ def forced(spec: EngineSpec, kv: str) -> EngineSpec:
     return spec.with_kv(kv, f"; KV cache {kv} (forced)")
 
 
-def choose(spec: EngineSpec, layout: WorkerLayout, cache_dir: Path) -> EngineSpec:
+def choose(spec: EngineSpec, layout: WorkerLayout, cache_dir: Path, max_batch: int = 4) -> EngineSpec:
     """``spec`` with the cache dtype measured fastest here (``pick``), the figures in its summary."""
     offered = candidates(spec)
     if len(offered) < 2:
         return spec
     try:
-        timings = measure(spec, offered, layout, cache_dir)
+        timings = measure(spec, offered, layout, cache_dir, max_batch)
     except RuntimeError as exc:  # the measurement broke: the engine's own cache serves
         log.warning("Could not measure the KV cache dtypes (%s); keeping %s.", exc, own(spec))
         return spec
@@ -119,29 +124,30 @@ def pick(timings: dict[str, KvTiming]) -> str:
     return best if timings[best].step_ms <= GAIN * timings[first].step_ms else first
 
 
-def measure(spec: EngineSpec, offered: tuple[str, ...], layout: WorkerLayout,
-            cache_dir: Path) -> dict[str, KvTiming]:
-    """Every candidate's timing: cached per machine, engine, model and threads, else measured in
-    a fresh pinned process."""
+def measure(spec: EngineSpec, offered: tuple[str, ...], layout: WorkerLayout, cache_dir: Path,
+            max_batch: int = 4) -> dict[str, KvTiming]:
+    """Every candidate's timing: cached per machine, engine, model, threads and batch size, else
+    measured in a fresh pinned process."""
     from workers.tuning.calibrate import run_pinned
 
     config = Path(spec.model_path) / "config.json"
     key = hashlib.sha256(json.dumps([
-        VERSION, machine_id(layout.threads), offered, spec.engine, spec.weights, spec.kernel, spec.dtype,
+        VERSION, machine_id(layout.threads), max_batch, offered, spec.engine, spec.weights, spec.kernel, spec.dtype,
         spec.prefill, hashlib.sha256(config.read_bytes()).hexdigest() if config.is_file() else spec.model_path,
     ]).encode()).hexdigest()[:16]
     path = cache_dir / "kv-dtype" / f"{key}.json"
     if path.is_file():
         return {kv: KvTiming(**t) for kv, t in json.loads(path.read_text()).items()}
-    timings = run_pinned(layout, time_kv, spec, offered, layout.threads)
+    timings = run_pinned(layout, time_kv, spec, offered, layout.threads, max_batch)
     publish_json(path, {kv: dataclasses.asdict(t) for kv, t in timings.items()})
     return timings
 
 
-def time_kv(spec: EngineSpec, offered: tuple[str, ...], threads: int) -> dict[str, KvTiming]:
+def time_kv(spec: EngineSpec, offered: tuple[str, ...], threads: int, max_batch: int = 4) -> dict[str, KvTiming]:
     """Load each of ``offered`` as a worker would (in a process already pinned), time its decode
-    steps at ``SHORT`` and ``LONG`` tokens of context (the candidates alternating, round by
-    round) and check it against the first on the sample's held-out part."""
+    steps at ``SHORT`` and ``LONG`` tokens of context and of ``max_batch`` replies at ``LONG`` (the
+    candidates alternating, round by round) and check it against the first on the sample's
+    held-out part."""
     from workers.decoders.lean.kernels import set_thread_env
 
     if spec.kernel:
@@ -157,33 +163,35 @@ def time_kv(spec: EngineSpec, offered: tuple[str, ...], threads: int) -> dict[st
     _, held_out = sample_ids(loaded[offered[0]].tokenizer)
     check = torch.tensor((held_out * 2)[: CHECK_PROMPT + CHECK_STEPS])
     filler = torch.randint(10, 1000, (LONG,), generator=torch.Generator().manual_seed(0))
-    token = torch.tensor([11])
+    tokens = torch.tensor([11] * max_batch)
 
     with torch.no_grad():
-        caches = {}
+        caches: dict[tuple[str, str], list] = {}
         for kv, decoder in decoders.items():
             for context in (SHORT, LONG):
                 cache = decoder.new_cache()
                 cache.reserve(context + STEPS + 1)
                 for start in range(0, context, 256):
                     decoder.forward(filler[start : min(context, start + 256)], cache, logits=False)
-                caches[kv, context] = cache
-            decoder.forward_batch(token, [caches[kv, SHORT]])  # warm
-            caches[kv, SHORT].truncate(SHORT)
-        samples: dict[tuple[str, int], list[float]] = {key: [] for key in caches}
+                caches[kv, f"{context}"] = [cache]
+            long = caches[kv, f"{LONG}"][0]
+            caches[kv, "batch"] = [long] + [long.copy_prefix(LONG, LONG + STEPS + 1) for _ in range(max_batch - 1)]
+            decoder.forward_batch(tokens, caches[kv, "batch"])  # warm
+        samples: dict[tuple[str, str], list[float]] = {key: [] for key in caches}
         for round_ in range(ROUNDS):
             for kv in offered if round_ % 2 == 0 else offered[::-1]:
-                for context in (SHORT, LONG):
-                    cache = caches[kv, context]
-                    cache.truncate(context)
+                for which, context in ((f"{SHORT}", SHORT), (f"{LONG}", LONG), ("batch", LONG)):
+                    together = caches[kv, which]
+                    for cache in together:
+                        cache.truncate(context)
                     started = time.perf_counter()
                     for _ in range(STEPS):
-                        decoders[kv].forward_batch(token, [cache])
-                    samples[kv, context].append((time.perf_counter() - started) * 1000 / STEPS)
+                        decoders[kv].forward_batch(tokens[: len(together)], together)
+                    samples[kv, which].append((time.perf_counter() - started) * 1000 / STEPS)
         del caches
         logprobs = {kv: _check(decoder, check) for kv, decoder in decoders.items()}
     reference = logprobs[offered[0]]
-    return {kv: KvTiming(min(samples[kv, SHORT]), min(samples[kv, LONG]),
+    return {kv: KvTiming(min(samples[kv, f"{SHORT}"]), min(samples[kv, f"{LONG}"]), min(samples[kv, "batch"]),
                          float((reference.exp() * (reference - logprobs[kv])).sum(-1).mean()))
             for kv in offered}
 

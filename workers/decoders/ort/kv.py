@@ -4,7 +4,7 @@ The builder's graph keeps its cache in float32: on Qwen1.5-0.5B (24 layers, 16 K
 196 KB per token, so at 2,000 tokens of context a decode step reads ~0.4 GB of keys and values
 beside ~0.5 GB of weights. onnxruntime's ``GroupQueryAttention`` types its cache apart from its
 query (``T_CACHE``), and for int8 takes ``k_quant_type``/``v_quant_type`` and a scale tensor for
-each: it quantizes what it writes and reads the int8 cache as it is, inside the operator. So a
+each: it quantizes what it writes and dequantizes what it reads, inside the operator. So a
 cache dtype is a retyping of the graph (``retyped``): the caches' inputs and outputs, the
 attention nodes (in the decode half's ``If`` too), and the scales as initializers. The retyped
 graph is written beside the graph it retypes and shares its weights file, so the packed copy of
