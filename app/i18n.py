@@ -181,6 +181,8 @@ STARTUP_ZH = [
      "正在测量本机 CPU 上最快的计算内核（每种 CPU 和模型形状仅一次）"),
     (r"measuring which engine is fastest on this CPU \(once per CPU and model\)",
      "正在测量本机 CPU 上最快的推理引擎（每种 CPU 和模型仅一次）"),
+    (r"measuring which KV cache dtype is fastest on this CPU \(once per CPU and model\)",
+     "正在测量本机 CPU 上最快的 KV 缓存精度（每种 CPU 和模型仅一次）"),
     (r"preparing the weights of (.+) for (\S+)", "正在为 {1} 准备 {0} 的权重"),
     (r"building the onnxruntime graph of (.+) \(int8, once\)", "正在构建 {0} 的 onnxruntime 计算图（int8，仅一次）"),
     (r"starting the workers", "正在启动 worker"),

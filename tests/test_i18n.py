@@ -165,6 +165,7 @@ def test_the_banner_is_one_line_that_says_what_serves_or_what_start_up_is_doing(
     "downloading qwen/Qwen1.5-0.5B-Chat from ModelScope (once; progress in the log)",
     "measuring which kernels are fastest on this CPU (once per CPU and model shape)",
     "measuring which engine is fastest on this CPU (once per CPU and model)",
+    "measuring which KV cache dtype is fastest on this CPU (once per CPU and model)",
     "preparing the weights of SmolLM2-135M-Instruct (bundled, offline) for int8-ort",
     "building the onnxruntime graph of SmolLM2-135M-Instruct (bundled, offline) (int8, once)",
     "starting the workers",
