@@ -1,6 +1,7 @@
 """A worker that stops answering (here: SIGSTOP mid-reply) is noticed within the heartbeat
-timeout, its reply fails saying so, and it is replaced; an idle one is never taken for
-stopped, since its serve loop keeps sending heartbeats (``app.pool``'s watchdog).
+timeout, its reply fails saying so, and it is replaced; an idle one, or one prefilling a
+prompt that takes longer than the timeout, is never taken for stopped, since its serve loop
+keeps sending heartbeats (``app.pool``'s watchdog).
 
 One real one-thread worker on the bundled model, behind the real dispatcher, with the pool
 the app builds from a config whose ``heartbeat_timeout_s`` is short."""
@@ -22,7 +23,7 @@ from tests.e2e import wait_gone
 from tests.pool import Pool, ask, two_single_core_layouts, wait_ready
 from workers.protocol import ChatMessage, Chunk, Done, ErrorCode, Failed, SamplingParams
 
-TIMEOUT_S = 3.0  # heartbeat_timeout_s here (the app's default is 30)
+TIMEOUT_S = 6.0  # heartbeat_timeout_s here (the app's default is 30): above a prompt's calls (~2-3 s)
 LASTING = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=300)
 SHORT = SamplingParams(temperature=0.0, max_new_tokens=24)
 
@@ -75,3 +76,52 @@ def test_a_worker_stopped_mid_reply_fails_it_saying_so_and_is_replaced(pool):
     assert worker.pid != stopped_pid and worker.restarts == restarts + 1 and worker.state is WorkerState.IDLE
     reply, done = pool.run(ask(d, CAPITAL, SHORT))
     assert isinstance(done, Done) and "Paris" in reply
+
+
+def long_history(turns: int = 60) -> list[ChatMessage]:
+    """A conversation past the context window (4,096 tokens): one thread prefills it in seconds."""
+    messages = []
+    for i in range(turns):
+        messages += [ChatMessage("user", f"Tell me fact number {i} about the ocean. " * 8),
+                     ChatMessage("assistant", f"Fact {i}: the ocean is deep and wide. " * 8)]
+    return [*messages, ChatMessage("user", CAPITAL)]
+
+
+async def first_token_and_end(dispatcher, messages, params, cancel_after_s: float | None = None):
+    """(seconds to the first text, or None; the final event; seconds to it), cancelling the
+    request after ``cancel_after_s`` if given (as a client that leaves does)."""
+    started, first = time.monotonic(), None
+    stream = dispatcher.stream(messages, params)
+    try:
+        async for event in stream:
+            if isinstance(event, Chunk) and event.text and first is None:
+                first = time.monotonic() - started
+            elif isinstance(event, (Done, Failed)):
+                return first, event, time.monotonic() - started
+            if cancel_after_s is not None and time.monotonic() - started > cancel_after_s:
+                break
+    finally:
+        await stream.aclose()
+    return first, None, time.monotonic() - started
+
+
+def test_a_prompt_that_takes_longer_than_the_timeout_to_prefill_is_served(pool):
+    [worker] = pool.dispatcher.workers
+    pid, restarts = worker.pid, worker.restarts
+    first_s, final, _ = pool.run(first_token_and_end(pool.dispatcher, long_history(), SHORT), timeout=600)
+    assert isinstance(final, Done), final
+    assert first_s > TIMEOUT_S, f"the prompt prefilled in {first_s:.1f} s: too fast to show anything"
+    assert (worker.pid, worker.restarts) == (pid, restarts)
+
+
+def test_leaving_during_a_long_prompt_frees_the_worker_before_the_prompt_would_end(pool):
+    d = pool.dispatcher
+    [worker] = d.workers
+    whole_s, final, _ = pool.run(first_token_and_end(d, long_history(59), SHORT), timeout=600)
+    assert isinstance(final, Done), final
+    pool.run(first_token_and_end(d, long_history(58), SHORT, cancel_after_s=whole_s / 5), timeout=600)
+    left_at = time.monotonic()
+    while worker.state is not WorkerState.IDLE and time.monotonic() - left_at < whole_s:
+        time.sleep(0.02)
+    freed_s = time.monotonic() - left_at
+    assert freed_s < whole_s / 3, (freed_s, whole_s)  # a chunk or two, not the rest of the prompt

@@ -1,6 +1,6 @@
 """How many prompt tokens a chunk may take beside the others' decode steps: a rule fitted to
-the chunks timed so far (``ChunkSize``), used by the chunked prefill strategies
-(``workers.scheduler.prefill``)."""
+the chunks timed so far (``ChunkSize``), used by the chunked prefill strategies; and how many
+a call of a prompt alone may take (``AloneChunk``) (``workers.scheduler.prefill``)."""
 
 from __future__ import annotations
 
@@ -88,3 +88,29 @@ class ChunkSize:
                 return mean_s - per_token * mean_t, per_token
         fixed = min(self.step_s, mean_s)
         return fixed, (mean_s - fixed) / mean_t
+
+
+@dataclass
+class AloneChunk:
+    """How many prompt tokens one call may prefill while nobody else decodes: as many as take
+    about ``target_s``, so the worker's loop reads Stop and sends its heartbeat at least that
+    often, whatever the CPU and however deep into a long prompt (a token costs more the more
+    there are before it).
+
+    Sized from the last full call's seconds per token; it starts at ``tokens`` and at most
+    doubles from one call to the next, so a first guess cannot overshoot on a slow CPU. A
+    prompt's short tail (fewer tokens than asked for) says little and is not counted. A call
+    takes up to ~1.3x the target, since a token costs more further into the prompt. Measured
+    on Zen 4, a 3,500-token prompt: 0.97x one call's time on the bundled model (1 thread), 1.02x
+    on the Qwen1.5-0.5B shape (2 threads), longest call 2.5-2.7 s (``benchmarks.alone_bench``,
+    ``benchmarks/results/avx512-bf16/alone.md``); a first run with a 1 s target cost 1.10x."""
+
+    tokens: int = 256  # most chat prompts fit one call from the start
+    least: int = 16
+    target_s: float = 2.0
+
+    def update(self, chunk_tokens: int, chunk_s: float) -> None:
+        if chunk_tokens < self.tokens or chunk_s <= 0:
+            return
+        fits = int(self.target_s * chunk_tokens / chunk_s)
+        self.tokens = max(self.least, min(2 * chunk_tokens, fits))

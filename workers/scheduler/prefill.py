@@ -10,7 +10,11 @@ Either way one user's long prompt slows the others' tokens down for a while; it 
 freeze them for seconds. Measured on the Qwen1.5-0.5B shape on 2 cores (Zen 3), a
 1,000-token prompt beside a reply: apart 13 s, and the reply's longest gap 2.9x its pace;
 fused 20 s and 3.3x; interleaved 36 s and 4.2x (``benchmarks.chunked_bench``). With nobody
-decoding, every strategy prefills the whole prompt in one call.
+decoding, every strategy prefills the prompt in calls of about two seconds (``AloneChunk``):
+between two calls the worker's loop reads the pipe (a Stop, a new request) and sends its
+heartbeat, so a long prompt on a slow CPU is neither deaf to Stop nor taken for a hung worker
+(one call of ~4,000 tokens took 16 s on one Zen 4 core, and longer than the pool's 30 s
+``heartbeat_timeout_s`` on a busy CI machine: the worker was killed as hung mid-prompt).
 
 Each strategy's ``step(decoding, prefilling)`` does one decode step for the prefilled
 sequences and its share of the oldest prompt still to prefill, and returns the steps to send.
@@ -23,7 +27,7 @@ import threading
 import time
 
 from workers.generation.engine import Engine, Sequence, Step
-from workers.scheduler.chunk_size import ChunkSize
+from workers.scheduler.chunk_size import AloneChunk, ChunkSize
 
 APART_TOKENS = 64  # prompt tokens per call of a prompt prefilling apart: a Stop waits for one
 
@@ -31,14 +35,15 @@ Steps = list[tuple[Sequence, Step]]
 
 
 class PrefillStrategy:
-    """The shared part: plain decode steps, timed (their median sizes the chunks), and a whole
-    prompt at once where nobody decodes."""
+    """The shared part: plain decode steps, timed (their median sizes the chunks), and a prompt
+    in calls of a few seconds where nobody decodes (``AloneChunk``)."""
 
     fused = False  # a chunk's cost includes the decode step's (``ChunkSize``)
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.chunk = ChunkSize(fused=self.fused)
+        self.alone = AloneChunk()
 
     def step(self, decoding: list[Sequence], prefilling: Sequence | None) -> Steps:
         if decoding and prefilling is not None:
@@ -46,9 +51,15 @@ class PrefillStrategy:
             return self.beside(decoding, prefilling)
         steps = self.decode(decoding) if decoding else []
         if prefilling is not None:
-            first = self.engine.prefill(prefilling)
-            steps += [(prefilling, first)] if first is not None else []
+            steps += self.prefill_alone(prefilling)
         return steps
+
+    def prefill_alone(self, seq: Sequence) -> Steps:
+        size = min(self.alone.tokens, len(seq.pending))
+        started = time.perf_counter()
+        first = self.engine.prefill(seq, size)
+        self.alone.update(size, time.perf_counter() - started)
+        return [(seq, first)] if first is not None else []
 
     def beside(self, decoding: list[Sequence], prefilling: Sequence) -> Steps:
         """A decode step for ``decoding`` and this strategy's share of ``prefilling``'s prompt."""
