@@ -11,7 +11,7 @@ from collections import deque
 from workers.scheduler.chunk_size import AloneChunk, ChunkSize
 
 
-def run_chunks(chunk: ChunkSize, cost, prompt_tokens: int) -> list[tuple[int, float]]:
+def run_chunks(chunk: ChunkSize | AloneChunk, cost, prompt_tokens: int) -> list[tuple[int, float]]:
     """Prefill ``prompt_tokens`` in chunks sized by ``chunk``; cost(position, tokens) -> seconds."""
     done, ran = 0, []
     while done < prompt_tokens:
@@ -65,22 +65,10 @@ def test_a_chunk_in_the_decode_steps_call_may_cost_the_budget_beside_the_step():
     assert all(seconds <= (1 + chunk.budget_steps) * chunk.step_s + 1e-9 for _, seconds in ran)
 
 
-def run_alone(chunk: AloneChunk, cost, prompt_tokens: int) -> list[tuple[int, float]]:
-    """Prefill ``prompt_tokens`` alone in calls sized by ``chunk``; cost(position, tokens) -> seconds."""
-    done, ran = 0, []
-    while done < prompt_tokens:
-        n = min(chunk.tokens, prompt_tokens - done)
-        seconds = cost(done, n)
-        chunk.update(n, seconds)
-        ran.append((n, seconds))
-        done += n
-    return ran
-
-
 def test_a_prompt_alone_goes_in_calls_of_about_the_target_on_a_slow_cpu_too():
     for per_token in (0.0005, 0.004, 0.02):  # a fast CPU, a slow one, one core of a Zen 3 on the 0.5B shape
         chunk = AloneChunk()
-        ran = run_alone(chunk, lambda position, n: 0.02 + (per_token + position * 1e-7) * n, 4000)
+        ran = run_chunks(chunk, lambda position, n: 0.02 + (per_token + position * 1e-7) * n, 4000)
         assert max(seconds for _, seconds in ran[1:]) <= 1.2 * chunk.target_s, (per_token, ran)  # after the guess
         total_s = sum(seconds for _, seconds in ran)
         assert len(ran) <= total_s / (0.5 * chunk.target_s) + 5, (per_token, ran)  # not crumbs: few weight passes
@@ -88,11 +76,11 @@ def test_a_prompt_alone_goes_in_calls_of_about_the_target_on_a_slow_cpu_too():
 
 def test_a_prompt_alone_that_fits_one_call_is_one_call():
     chunk = AloneChunk()
-    assert run_alone(chunk, lambda position, n: 0.02 + 0.002 * n, 200) == [(200, 0.02 + 0.002 * 200)]
+    assert run_chunks(chunk, lambda position, n: 0.02 + 0.002 * n, 200) == [(200, 0.02 + 0.002 * 200)]
     assert chunk.tokens == 256  # a short prompt's call is not counted: it says little of the cost per token
 
 
 def test_calls_alone_grow_at_most_twofold_so_a_first_guess_cannot_overshoot():
     chunk = AloneChunk()
-    ran = run_alone(chunk, lambda position, n: 0.0001 * n, 10_000)
+    ran = run_chunks(chunk, lambda position, n: 0.0001 * n, 10_000)
     assert [n for n, _ in ran[:4]] == [256, 512, 1024, 2048]

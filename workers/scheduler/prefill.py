@@ -55,6 +55,7 @@ class PrefillStrategy:
         return steps
 
     def prefill_alone(self, seq: Sequence) -> Steps:
+        """One call's share of ``seq``'s prompt with nobody decoding, timed to size the next."""
         size = min(self.alone.tokens, len(seq.pending))
         started = time.perf_counter()
         first = self.engine.prefill(seq, size)
