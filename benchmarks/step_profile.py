@@ -77,14 +77,14 @@ def measure(spec: dict) -> dict:
         loops.append(time.perf_counter() - started)
     ours.send(None)
     reader.join(10)
+    send_s = sum(sends) / len(loops)  # spread over the steps: a token mid-character sends nothing
     per_step = {
         "step": loops,
         "decoder call": calls,
         "engine, past the decoder (processors, draw, stops, text)": [s - c for s, c in zip(steps, calls)],
-        "pipe sends": [sum(sends) / len(loops)] * len(loops),  # not one per step: a token mid-character sends none
-        "the loop around them": [t - s for t, s in zip(loops, steps)],
+        "pipe sends": [send_s] * len(loops),
+        "the loop around them": [t - s - send_s for t, s in zip(loops, steps)],
     }
-    per_step["the loop around them"] = [x - per_step["pipe sends"][0] for x in per_step["the loop around them"]]
     return {"engine": spec["engine"], "kernel": spec.get("kernel"), "threads": torch.get_num_threads(),
             "ms": {k: statistics.median(v) * 1000 for k, v in per_step.items()},
             "mean_ms": {k: statistics.fmean(v) * 1000 for k, v in per_step.items()}}
