@@ -368,8 +368,19 @@ def wait_closed(app, socks: dict[socket.socket, float],
     return closed, slowest
 
 
+def health_round_trip_s(app, times: int = 5) -> float:
+    """The slowest of a few /health round trips, each on a new connection, on a quiet server."""
+    trips = []
+    for _ in range(times):
+        asked = time.monotonic()
+        httpx.get(app.url + "/health", timeout=30)
+        trips.append(time.monotonic() - asked)
+    return max(trips)
+
+
 def test_half_open_connections_are_closed_within_the_header_timeout(app, config):
     timeout = config.header_timeout_s
+    usual_health_s = health_round_trip_s(app)
     socks: dict[socket.socket, float] = {}
     try:
         for n in range(200):
@@ -379,7 +390,9 @@ def test_half_open_connections_are_closed_within_the_header_timeout(app, config)
             socks[sock] = time.monotonic()
         closed, slowest_health_s = wait_closed(app, socks, timeout)
         assert len(closed) == len(socks), f"{len(socks) - len(closed)} of {len(socks)} connections still open"
-        assert slowest_health_s <= 1.0, slowest_health_s  # the others are served meanwhile, promptly
+        # the others are served meanwhile, promptly: near a quiet server's round trip (measured here, 26 ms
+        # on Zen 4, against 60 ms at worst among 200 half-open connections)
+        assert slowest_health_s <= 20 * usual_health_s, (slowest_health_s, usual_health_s)
         assert min(closed.values()) >= timeout * 0.95, sorted(closed.values())[:3]  # not before the timeout
     finally:
         for sock in socks:
