@@ -249,9 +249,9 @@ def build_ui(dispatcher: Dispatcher, startup: Startup, system_prompt: str,
             speed.sample(dispatcher.snapshot())
             return speed.frames()
 
-        # A function, not a value: computed when each page loads, then every second (the
-        # model may still be resolving when the page opens).
-        gr.Markdown(banner, every=1.0, elem_id="model-banner")
+        # Computed when each page loads, then every second (the model may still be resolving
+        # when the page opens), by ``refresh`` below.
+        banner_text = gr.Markdown(elem_id="model-banner")
         # Unrendered here, so ChatInterface renders them in its accordion. (Created inside an
         # unrendered Accordion they count as rendered, never appear, and the page sends None.)
         inputs = [
@@ -281,7 +281,7 @@ def build_ui(dispatcher: Dispatcher, startup: Startup, system_prompt: str,
         # Stop cancels ``respond`` before it can close the reply, so a thinking block would spin on
         chat.textbox.stop(settle_thinking, [chat.chatbot], [chat.chatbot], queue=False, api_visibility="private")
         with gr.Accordion(i18n("workers_speed"), open=False, elem_id="workers-speed") as section:
-            panel_text = gr.Markdown(panel, every=1.0, elem_id="worker-panel")
+            panel_text = gr.Markdown(elem_id="worker-panel")
             gr.Markdown(i18n("speed"), elem_id="speed")
             with gr.Row():
                 axes = {"x": "time", "color": "worker", "x_title": " ", "x_axis_format": "%H:%M:%S"}
@@ -289,11 +289,16 @@ def build_ui(dispatcher: Dispatcher, startup: Startup, system_prompt: str,
                                        **axes)
                 ttft_plot = gr.ScatterPlot(y="seconds", y_title="s", label=i18n("ttft_plot"), elem_id="ttft-plot",
                                            **axes)
-        demo.load(plots, None, [tps_plot, ttft_plot], show_progress="hidden", api_name="speed")
-        gr.Timer(1.0).tick(plots, None, [tps_plot, ttft_plot], show_progress="hidden", api_visibility="private")
+        # The page's live parts: each on load (named, these are also the API endpoints) and then
+        # every second. Progress is hidden: a refresh's timer would otherwise flash over the
+        # banner every second and wrap it onto a second line.
+        refresh = gr.Timer(1.0)
+        for name, fn, outputs in (("banner", banner, banner_text), ("panel", panel, panel_text),
+                                  ("speed", plots, [tps_plot, ttft_plot])):
+            demo.load(fn, None, outputs, show_progress="hidden", api_name=name)
+            refresh.tick(fn, None, outputs, show_progress="hidden", api_visibility="private")
         # A closed section's contents are not on the page and miss the refreshes: opened, they
         # would show what they showed when the page loaded until the next tick.
-        # (Named, so that the panel's own refresh keeps the API name /panel.)
         section.expand(panel, None, panel_text, show_progress="hidden", api_name="panel_opened",
                        api_visibility="private")
         section.expand(plots, None, [tps_plot, ttft_plot], show_progress="hidden", api_name="plots_opened",
