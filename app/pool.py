@@ -15,9 +15,9 @@ machines) implements the same calls, and ``app.backends`` picks one:
     await pool.stop()                # Shutdown, then make sure each one exited (by pid)
     pool.workers[worker_id]          # .id .layout .spec .pid .node .restarts .crashes_in_a_row
 
-One duplex ``multiprocess`` Pipe per worker, with one reader thread that blocks on it and
-hands each message to the loop with ``call_soon_threadsafe``, and one writer thread that
-sends what ``send`` queued: a pipe write blocks while the worker is busy and its buffer is
+One duplex ``multiprocess`` Pipe per worker (a ``workers.wire.Wire`` at each end), with one
+reader thread that blocks on it and hands each message to the loop with
+``call_soon_threadsafe``, and one writer thread that sends what ``send`` queued: a pipe write blocks while the worker is busy and its buffer is
 full (a long conversation is megabytes), and the event loop must never wait on a worker.
 Either thread failing in any other way than the pipe closing (a message that cannot be
 pickled or unpickled, a bug) logs why and kills the worker.
@@ -52,6 +52,7 @@ from workers.host.cores import WorkerLayout
 from workers.process import run_worker
 from workers.spec import WorkerSpec
 from workers.protocol import FromWorker, Heartbeat, Ready, Shutdown, ToWorker
+from workers.wire import Wire
 
 log = logging.getLogger(__name__)
 
@@ -161,13 +162,14 @@ class ProcessPool:
                 await asyncio.to_thread(reaped.wait, 2.0)
 
     def _spawn(self, worker: WorkerProcess) -> None:
-        parent, child = self._ctx.Pipe(duplex=True)
+        parent, child = self._ctx.Pipe(duplex=True)  # the worker wraps ``child`` in a Wire too
         process = self._ctx.Process(target=self.target, args=(worker.spec, child), daemon=True,
                                     name=f"chat-worker-{worker.id}")
         process.start()
         child.close()  # so the parent sees EOF when the worker dies
         if worker.outbox is not None:
             worker.outbox.put(None)  # the old writer, if it still waits
+        parent = Wire(parent)
         worker.process, worker.conn, worker.started_at, worker.loaded = process, parent, time.monotonic(), False
         worker.heard_at, worker.killed_for, worker.reaped = None, None, threading.Event()
         worker.outbox = queue.SimpleQueue()

@@ -19,6 +19,7 @@ from workers.decoders.lean.kernels import set_thread_env
 from workers.host.pinning import die_with_parent, pin_to_cores
 from workers.protocol import ChatMessage, Ready, SamplingParams
 from workers.spec import WorkerSpec
+from workers.wire import Wire
 
 log = logging.getLogger("workers")
 
@@ -35,6 +36,7 @@ def run_worker(spec: WorkerSpec, conn) -> None:
     # Ctrl+C in a terminal reaches the whole process group; the dispatcher decides when we stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     pin_to_cores(spec.layout)
+    conn = Wire(conn)
     engine, ready = load_engine(spec)
     try:
         conn.send(ready)

@@ -1,4 +1,4 @@
-"""Messages cross a real multiprocess pipe intact."""
+"""Messages cross a real multiprocess pipe intact, as the pool and its workers send them."""
 
 import multiprocess
 
@@ -14,10 +14,11 @@ from workers.protocol import (
     Metrics,
     SamplingParams,
 )
+from workers.wire import Wire
 
 
 def test_messages_round_trip_through_a_real_pipe():
-    parent, child = multiprocess.Pipe(duplex=True)
+    parent, child = map(Wire, multiprocess.Pipe(duplex=True))
     sent = [
         Generate("r1", (ChatMessage("user", "你好 <|im_start|>"),), SamplingParams(max_new_tokens=8, temperature=0.0), "s1"),
         Cancel("r1"),

@@ -1,13 +1,15 @@
 """Drawing the next token from given logits (``workers.generation.sampling``,
 ``workers.generation.processors``): greedy takes the likeliest, a seed repeats its draws,
-top-k, top-p and min-p keep what they say and draw in proportion, a repetition penalty
+top-k, top-p and min-p keep what they say and draw in proportion (top-k exactly
+``torch.topk``'s choice, whatever the vocabulary's size), a repetition penalty
 lowers what was seen and leaves the raw logits as they were (each processor, to the number:
 ``test_processors.py``)."""
 
+import pytest
 import torch
 
 from workers.generation.processors import process, processors_for
-from workers.generation.sampling import candidates, sample
+from workers.generation.sampling import candidates, sample, top_k
 from workers.protocol import SamplingParams
 
 
@@ -18,6 +20,23 @@ def test_sampling_top_k_1_is_greedy_and_seed_reproduces():
     p = SamplingParams(max_new_tokens=1, temperature=1.0, top_k=0, top_p=0.9, repetition_penalty=1.0)
     draws = [sample(logits.clone(), p, torch.Generator().manual_seed(7)) for _ in range(2)]
     assert draws[0] == draws[1]
+
+
+@pytest.mark.parametrize("vocab", [151936, 49152, 151655, 1000, 70])
+@pytest.mark.parametrize("k", [1, 20, 50, 64])
+def test_top_k_is_torch_topk_in_values_and_ids(vocab, k):
+    logits = torch.randn(vocab, generator=torch.Generator().manual_seed(vocab + k)) * 5
+    logits[vocab // 3 : vocab // 3 + 7] += 40  # a cluster of winners in one block: several of them are kept
+    values, ids = top_k(logits, k)
+    expected = torch.topk(logits, k)
+    assert torch.equal(values, expected.values) and torch.equal(ids, expected.indices)
+
+
+def test_greedy_takes_the_first_of_equal_maxima_as_torch_argmax_does():
+    logits = torch.zeros(151936)
+    logits[[90000, 5, 120000]] = 3.0
+    greedy = SamplingParams(max_new_tokens=1, temperature=0.0)
+    assert sample(logits, greedy, None) == 5 == int(torch.argmax(logits))
 
 
 def test_repetition_penalty_discourages_seen_tokens():

@@ -11,12 +11,14 @@ from __future__ import annotations
 import os
 
 from workers.protocol import Heartbeat, Ready
+from workers.wire import Wire
 
 
 def serve(spec, conn) -> None:
+    conn = Wire(conn)  # as ``workers.process.run_worker`` does
     conn.send(Ready(pid=os.getpid(), cores=(), threads=1, dtype="float32", load_s=0.0))
     if spec.mode == "garbage":
-        conn.send_bytes(b"this is not a pickle")
+        conn.conn.send_bytes(b"this is not a pickle")
     while not conn.poll(spec.beat_s):
         if spec.mode != "silent":
             conn.send(Heartbeat())
