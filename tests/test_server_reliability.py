@@ -65,6 +65,13 @@ def wait_all_idle(app, timeout_s: float = 60) -> tuple[float, float]:
     raise AssertionError(f"workers still busy after {timeout_s} s: {app.health()['workers']}")
 
 
+def timed(fn) -> float:
+    """Seconds ``fn()`` took."""
+    started = time.monotonic()
+    fn()
+    return time.monotonic() - started
+
+
 def busy_worker_step_s(app) -> float:
     """The time per token of the one reply being generated, from its worker's live tokens/s
     (what the worker panel shows)."""
@@ -183,9 +190,12 @@ def test_stop_from_the_page_client_frees_the_worker_within_a_few_of_its_decode_s
     while len(job.outputs()) < 5 and time.monotonic() < deadline:
         time.sleep(0.05)
     step_s = busy_worker_step_s(app)
+    # The page's Stop goes through Gradio (a request, then its task is cancelled) before the
+    # worker hears it: allowed the longest of three Gradio round trips, timed under this load.
+    gradio_s = max(timed(lambda: client.predict(api_name="/banner")) for _ in range(3))
     job.cancel()
     freed_s, poll_s = wait_all_idle(app)
-    assert freed_s <= 10 * step_s + poll_s, (freed_s, step_s, poll_s)
+    assert freed_s <= 10 * step_s + gradio_s + poll_s, (freed_s, step_s, gradio_s, poll_s)
 
 
 # --- load ----------------------------------------------------------------------------
