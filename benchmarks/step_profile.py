@@ -1,4 +1,4 @@
-"""Where a decode step's time goes: ``python -m benchmarks.step_profile`` (~3 minutes).
+"""Where a decode step's time goes: ``python -m benchmarks.step_profile`` (~8 minutes).
 
 One reply decoding alone in a worker's own batch loop (``workers.scheduler.batch.Batch``),
 its chunks sent down a real ``multiprocess`` pipe to another process, on the app's default
