@@ -17,8 +17,9 @@ machines) implements the same calls, and ``app.backends`` picks one:
 
 One duplex ``multiprocess`` Pipe per worker (a ``workers.wire.Wire`` at each end), with one
 reader thread that blocks on it and hands each message to the loop with
-``call_soon_threadsafe``, and one writer thread that sends what ``send`` queued: a pipe write blocks while the worker is busy and its buffer is
-full (a long conversation is megabytes), and the event loop must never wait on a worker.
+``call_soon_threadsafe``, and one writer thread that sends what ``send`` queued: a pipe
+write blocks while the worker is busy and its buffer is full (a long conversation is
+megabytes), and the event loop must never wait on a worker.
 Either thread failing in any other way than the pipe closing (a message that cannot be
 pickled or unpickled, a bug) logs why and kills the worker.
 

@@ -149,23 +149,30 @@ def main(argv: list[str] | None = None) -> int:
              "app's `Wire`) or by dill (`multiprocess`'s own `send`); ms per step, median (mean) over both runs' "
              "steps; the share of the mean step.", "",
              "| model | engine | pipe | " + " | ".join(parts) + " |", "|---|---|---|" + "---|" * len(parts)]
+    rows = []
     for label in models:
         for wire in dict.fromkeys(WIRES):
             mine = [r for r in runs if r["model"] == label and r["wire"] == wire]
             ms = {k: [x for r in mine for x in r["ms"][k]] for k in parts}
-            mean = {k: statistics.fmean(v) for k, v in ms.items()}
-            cells = [f"{statistics.median(ms[k]):.2f} ({mean[k]:.2f}) {100 * mean[k] / mean['step']:.0f}%"
-                     for k in parts]
-            lines.append(f"| {label} | {mine[0]['engine']} | {wire} | " + " | ".join(cells) + " |")
+            rows.append({"model": label, "engine": mine[0]["engine"], "wire": wire,
+                         "median_ms": {k: statistics.median(v) for k, v in ms.items()},
+                         "mean_ms": {k: statistics.fmean(v) for k, v in ms.items()}})
+    for row in rows:
+        median, mean = row["median_ms"], row["mean_ms"]
+        cells = [f"{median[k]:.2f} ({mean[k]:.2f}) {100 * mean[k] / mean['step']:.0f}%" for k in parts]
+        lines.append(f"| {row['model']} | {row['engine']} | {row['wire']} | " + " | ".join(cells) + " |")
     draws = list(runs[0]["draw_us"])
     lines += ["", f"A draw from a real step's logits, µs, median (min–max) over the model's {len(WIRES)} runs "
-              "(the app's one thread pool for torch, as in a worker):", "",
+              "(torch on one thread, as a worker on the graph sets it):", "",
               "| model | " + " | ".join(draws) + " |", "|---|" + "---|" * len(draws)]
     for label in models:
         mine = [r["draw_us"] for r in runs if r["model"] == label]
         lines.append(f"| {label} | " + " | ".join(
             f"{statistics.median(v):.0f} ({min(v):.0f}–{max(v):.0f})" for v in ([d[k] for d in mine] for k in draws)) + " |")
-    save(machine, "step-profile", {"machine": machine, "steps": STEPS, "runs": runs}, "\n".join(lines) + "\n")
+    for run in runs:  # each run's own figures, not its every step
+        run["median_ms"] = {k: statistics.median(v) for k, v in run.pop("ms").items()}
+    save(machine, "step-profile", {"machine": machine, "steps": STEPS, "rows": rows, "runs": runs},
+         "\n".join(lines) + "\n")
     return 0
 
 
