@@ -133,7 +133,17 @@ class OrtCache:
 
 class Arena:
     """The caches of the sequences decoding together, one slot each in one array, so that a
-    step for all of them is one call: ``kv`` [2, layers, slots, kv heads, capacity, head size]."""
+    step for all of them is one call: ``kv`` [2, layers, slots, kv heads, capacity, head size].
+
+    When the batch moves to a new arena, the caches it leaves behind (kept conversations, a
+    reply that ended) stay in their slots of this one, which lives on while any of them does:
+    moving them out, each into an array of its own, is a copy into fresh pages on the batch's
+    thread. On Zen 4 (Qwen1.5-0.5B shape, int8 cache) seating a prompt beside a reply took
+    44 ms that way against 8 ms now, and that reply's longest gap was 4.8x its pace against
+    3.5x (``benchmarks/results/avx512-bf16/seat.md``). Staying costs no memory the KV budget
+    misses: a cache's pages are counted where they are (``OrtCache.touched``), and every slot
+    a cache leaves is given back (``forget``); what is left is the pages at the edges of its
+    blocks that it shares with an empty neighbour, a few per layer."""
 
     def __init__(self, decoder: OrtDecoder, caches: list[OrtCache], kv: np.ndarray | None = None) -> None:
         """``kv``: the array to use (the first cache's room, where it is already in slot 0),
@@ -156,11 +166,6 @@ class Arena:
         """Whether ``caches`` are exactly the first ``len(caches)`` slots (in any order)."""
         return all(c.arena is self for c in caches) and {c.slot for c in caches} == set(range(len(caches)))
 
-    def release(self, keep: list[OrtCache]) -> None:
-        """Give every member not in ``keep`` its own array again, so this one can be freed."""
-        for cache in (ref() for ref in self.members):  # one held stays where it is (its view keeps the memory)
-            if cache is not None and cache.arena is self and cache not in keep and not cache.held:
-                cache.move_to(cache.decoder.own_kv(cache.capacity), 0)
 
 
 class OrtDecoder(Decoder):
@@ -288,8 +293,6 @@ class OrtDecoder(Decoder):
                 newcomer.capacity <= arena.kv.shape[4]:
             arena.take(newcomer, slot)
         elif slot == 1 and caches[0].room is not None and newcomer.capacity <= caches[0].capacity:
-            if arena is not None:
-                arena.release(caches)
             home.arena = Arena(self, caches, kv=caches[0].room)
             home.arena.take(newcomer, slot)
         else:
@@ -302,8 +305,6 @@ class OrtDecoder(Decoder):
         for cache in caches:
             cache.reserve(cache.length + 1)  # a cache that must grow leaves the arena
         if home.arena is None or not home.arena.holds(caches):
-            if home.arena is not None:
-                home.arena.release(caches)
             home.arena = Arena(self, caches)
         order = sorted(range(len(caches)), key=lambda i: caches[i].slot)
         return home.arena.kv[:, :, : len(caches)], order
