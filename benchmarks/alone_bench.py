@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 
 from benchmarks import qwen_shape
-from benchmarks.run import CACHE, _machine, run_module, save
+from benchmarks.run import CACHE, _machine, entry, run_module, save
 from benchmarks.stats import fmt, summarize_keys
 
 PROMPT_TOKENS = 3500
@@ -82,7 +81,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[1] == "--one":
-        print(json.dumps(measure(json.loads(sys.argv[2]))))
-    else:
-        sys.exit(main())
+    entry(main, measure)

@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from benchmarks import qwen_shape
-from benchmarks.run import CACHE, _machine, run_module, save
+from benchmarks.run import CACHE, _machine, entry, run_module, save
 from benchmarks.stats import fmt, summarize_keys
 
 ENGINES = {"the app's default: engine measured here": "auto", "lean, measured kernel (--engine lean)": "lean"}
@@ -79,7 +78,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--one"]:
-        print(json.dumps(measure(json.loads(sys.argv[2]))))
-    else:
-        sys.exit(main())
+    entry(main, measure)

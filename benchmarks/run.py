@@ -53,6 +53,15 @@ def run_engine(spec: dict) -> dict:
     return run_module("benchmarks.engine_bench", json.dumps(spec))
 
 
+def entry(main, measure) -> None:
+    """A benchmark's command line: ``--one SPEC [ARG...]`` measures in this process (each
+    ``run_module`` call is a fresh one) and prints the JSON; anything else runs ``main``."""
+    if sys.argv[1:2] == ["--one"]:
+        print(json.dumps(measure(json.loads(sys.argv[2]), *sys.argv[3:])))
+    else:
+        sys.exit(main())
+
+
 def run_module(module: str, *args: str) -> dict:
     """``python -m module args`` in a fresh process → the JSON its last line of output prints."""
     out = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True, check=True)

@@ -16,11 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 
 from benchmarks import qwen_shape
-from benchmarks.run import CACHE, _machine, run_module, save
+from benchmarks.run import CACHE, _machine, entry, run_module, save
 
 STEPS = 200
 WIRES = ("dill", "pickle", "pickle", "dill")  # each model's runs, in this order
@@ -177,7 +176,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 3 and sys.argv[1] == "--one":
-        print(json.dumps(measure(json.loads(sys.argv[2]), sys.argv[3])))
-    else:
-        sys.exit(main())
+    entry(main, measure)
