@@ -101,3 +101,38 @@ def wait_gone(pids: list[int], timeout_s: float = 10) -> list[int]:
     while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
         time.sleep(0.1)
     return [p for p in pids if pid_alive(p)]
+
+
+def busy_worker_step_s(app: RunningApp) -> float:
+    """The time per token of the one reply being generated, from its worker's live tokens/s
+    (what the worker panel shows)."""
+    [rate] = [w["current_tokens_per_s"] for w in app.health()["workers"] if w["state"] == "busy"]
+    assert rate > 0, app.health()["workers"]
+    return 1 / rate
+
+
+def gradio_round_trip_s(client, tries: int = 3) -> float:
+    """The longest of ``tries`` round trips through Gradio (``client``: a ``gradio_client.Client``
+    of the page; its ``/banner``), timed now: a Stop from the page goes through Gradio (a
+    request, then its task cancelled) before the worker hears it, so a bound on how soon a
+    Stop frees the worker allows this much, under the load of the moment."""
+    longest = 0.0
+    for _ in range(tries):
+        started = time.monotonic()
+        client.predict(api_name="/banner")
+        longest = max(longest, time.monotonic() - started)
+    return longest
+
+
+def wait_all_idle(app, timeout_s: float = 60) -> tuple[float, float]:
+    """Seconds until /health shows every worker idle, and the longest of its polls (a /health
+    round trip and a pause): how late a poll may have seen it. ``timeout_s``: only against a hang."""
+    started, longest = time.monotonic(), 0.0
+    while time.monotonic() - started < timeout_s:
+        polled = time.monotonic()
+        idle = all(w["state"] == "idle" for w in app.health()["workers"])
+        if idle:
+            return time.monotonic() - started, max(longest, time.monotonic() - polled)
+        time.sleep(0.02)
+        longest = max(longest, time.monotonic() - polled)
+    raise AssertionError(f"workers still busy after {timeout_s} s: {app.health()['workers']}")

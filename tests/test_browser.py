@@ -22,11 +22,12 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
+from gradio_client import Client
 
 from app.edge import PAGE_POLICY
 from app.ui import EXAMPLES
 from tests.asks import CAPITAL, EXAMPLE_ANSWERS, LONG
-from tests.e2e import ROOT, running_app
+from tests.e2e import ROOT, busy_worker_step_s, gradio_round_trip_s, running_app, wait_all_idle
 from workers.tuning.engine_choice import NAMES
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -213,17 +214,12 @@ def test_tokens_stream_in_and_stop_frees_the_worker(app, page):
         return len(lengths) >= 3 and lengths[-1] >= 20
 
     wait_for(streamed_a_while, timeout_s=60, every_s=0.1)
-    assert any(w["state"] == "busy" for w in app.health()["workers"])
+    # Stop frees the worker within a few of its decode steps, plus what the Stop's trip
+    # through Gradio takes: both timed now, under this machine's load of the moment.
+    bound_s = 10 * busy_worker_step_s(app) + gradio_round_trip_s(Client(app.url + "/", verbose=False))
 
     page.locator("button.stop-button").click()
-    stopped_at = time.monotonic()
-
-    def all_idle():
-        """/health shows every worker idle"""
-        return all(w["state"] == "idle" for w in app.health()["workers"])
-
-    wait_for(all_idle, timeout_s=1.5, every_s=0.02)
-    idle_after_s = time.monotonic() - stopped_at
+    idle_after_s, poll_s = wait_all_idle(app)
     before = last_reply(page)
     time.sleep(1.0)
     after = last_reply(page)
@@ -231,7 +227,7 @@ def test_tokens_stream_in_and_stop_frees_the_worker(app, page):
     assert after == before, "the reply kept growing after Stop"
     assert len(after.split()) >= 5  # several words had arrived (Gradio may re-render the last one)
     assert "tokens/s" not in after  # it really was cut short: a finished reply ends with its stats
-    assert idle_after_s < 1.5
+    assert idle_after_s <= bound_s + poll_s, (idle_after_s, bound_s, poll_s)
     assert counter(app, 'cpu_chat_requests_total{outcome="cancelled"}') == cancelled_before + 1
 
 

@@ -16,7 +16,7 @@ import pytest
 from gradio_client import Client
 
 from tests.asks import CAPITAL, LONG
-from tests.e2e import running_app, wait_gone
+from tests.e2e import busy_worker_step_s, gradio_round_trip_s, running_app, wait_all_idle, wait_gone
 
 OUTPUT = Path(__file__).resolve().parent.parent / "test-output"
 
@@ -49,35 +49,6 @@ def stream_chat(app, content: str, **params) -> tuple[str, float]:
                 ttft = ttft or time.monotonic() - started
                 text += delta
     return text, ttft
-
-
-def wait_all_idle(app, timeout_s: float = 60) -> tuple[float, float]:
-    """Seconds until /health shows every worker idle, and the longest of its polls (a /health
-    round trip and a pause): how late a poll may have seen it. ``timeout_s``: only against a hang."""
-    started, longest = time.monotonic(), 0.0
-    while time.monotonic() - started < timeout_s:
-        polled = time.monotonic()
-        idle = all(w["state"] == "idle" for w in app.health()["workers"])
-        if idle:
-            return time.monotonic() - started, max(longest, time.monotonic() - polled)
-        time.sleep(0.02)
-        longest = max(longest, time.monotonic() - polled)
-    raise AssertionError(f"workers still busy after {timeout_s} s: {app.health()['workers']}")
-
-
-def timed(fn) -> float:
-    """Seconds ``fn()`` took."""
-    started = time.monotonic()
-    fn()
-    return time.monotonic() - started
-
-
-def busy_worker_step_s(app) -> float:
-    """The time per token of the one reply being generated, from its worker's live tokens/s
-    (what the worker panel shows)."""
-    [rate] = [w["current_tokens_per_s"] for w in app.health()["workers"] if w["state"] == "busy"]
-    assert rate > 0, app.health()["workers"]
-    return 1 / rate
 
 
 # --- bad input -----------------------------------------------------------------------
@@ -189,10 +160,7 @@ def test_stop_from_the_page_client_frees_the_worker_within_a_few_of_its_decode_s
     deadline = time.monotonic() + 60
     while len(job.outputs()) < 5 and time.monotonic() < deadline:
         time.sleep(0.05)
-    step_s = busy_worker_step_s(app)
-    # The page's Stop goes through Gradio (a request, then its task is cancelled) before the
-    # worker hears it: allowed the longest of three Gradio round trips, timed under this load.
-    gradio_s = max(timed(lambda: client.predict(api_name="/banner")) for _ in range(3))
+    step_s, gradio_s = busy_worker_step_s(app), gradio_round_trip_s(client)
     job.cancel()
     freed_s, poll_s = wait_all_idle(app)
     assert freed_s <= 10 * step_s + gradio_s + poll_s, (freed_s, step_s, gradio_s, poll_s)
