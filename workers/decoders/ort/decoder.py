@@ -167,7 +167,6 @@ class Arena:
         return all(c.arena is self for c in caches) and {c.slot for c in caches} == set(range(len(caches)))
 
 
-
 class OrtDecoder(Decoder):
     """``forward``/``forward_batch`` over a graph directory made by ``build``. ``prefill``: what
     prompts of ``PREFILL_FROM_ROWS`` tokens or more run on (``PREFILL_PATHS``); with "widen-fp32" both
