@@ -33,13 +33,18 @@ _END = object()  # a stream's end, in ``merged``
 
 
 def usage(dones: list[Done]) -> dict:
-    """The prompt once (the same for every choice), the completions summed."""
+    """The prompt once (the same for every choice), the completions summed. Tokens drafted from
+    the conversation's own text (``workers.generation.speculation``) are reported as OpenAI
+    reports a predicted output's: accepted, or rejected (verified, then thrown away)."""
     first, completion = dones[0].metrics, sum(d.metrics.completion_tokens for d in dones)
+    drafted, accepted = (sum(d.metrics.drafted_tokens for d in dones), sum(d.metrics.accepted_tokens for d in dones))
     return {
         "prompt_tokens": first.prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": first.prompt_tokens + completion,
         "prompt_tokens_details": {"cached_tokens": first.cached_prompt_tokens},
+        "completion_tokens_details": {"accepted_prediction_tokens": accepted,
+                                      "rejected_prediction_tokens": drafted - accepted},
     }
 
 

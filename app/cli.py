@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 from typing import get_args
 
-from app.config import AppConfig, Backend, ConfigError, Dtype, Engine, KvDtype, LogLevel, Quantize, load_config
+from app.config import (AppConfig, Backend, ConfigError, Dtype, Engine, KvDtype, LogLevel, Quantize, Speculation,
+                        load_config)
 from app.hosting import default_config_path, env_overrides, offline_model_install
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-dtype", choices=get_args(KvDtype),
                    help="auto: the KV cache dtype measured fastest here, within a bound on quality; or force one "
                         "(the graph: float32, int8; the lean decoder: float32, bfloat16, float16)")
+    p.add_argument("--speculation", choices=get_args(Speculation),
+                   help="auto: draft tokens from the conversation's own text where measured to pay "
+                        "(quotes, summaries, edits); off: one token per step")
     p.add_argument("--system-prompt")
     p.add_argument("--cache-dir", help="where converted GGUF models and prepared weights are kept")
     p.add_argument("--log-level", choices=get_args(LogLevel))

@@ -30,6 +30,7 @@ Dtype = Literal["auto", "bfloat16", "float32"]  # "auto": the measured kernel's 
 Quantize = Literal["int8", "none"]  # "int8": int8 weights allowed where measured fastest
 Engine = Literal["auto", "lean", "ort", "hf"]  # "auto": lean or ort, measured; "hf": transformers (any model)
 KvDtype = Literal["auto", "float32", "bfloat16", "float16", "int8"]  # the KV cache's; "auto": measured
+Speculation = Literal["auto", "off"]  # prompt-lookup drafts: "auto": where measured to pay (workers.generation.speculation)
 Backend = Literal["local", "ray"]  # "ray": workers are Ray actors (requirements-ray.txt)
 LogLevel = Literal["debug", "info", "warning", "error"]
 
@@ -56,6 +57,7 @@ class AppConfig:
     max_context_tokens: int
     kv_cache_mb: int
     kv_dtype: KvDtype
+    speculation: Speculation
     system_prompt: str
     cache_dir: str
     hub_timeout_s: float
@@ -126,6 +128,7 @@ def validate(config: AppConfig) -> None:
             raise ConfigError(f"{name} must be 0 or more, got {getattr(config, name)!r}")
     for name, choices in (("dtype", get_args(Dtype)), ("quantize", get_args(Quantize)),
                           ("engine", get_args(Engine)), ("backend", get_args(Backend)), ("log_level", get_args(LogLevel)),
-                          ("kernel", ("auto", *KERNELS)), ("kv_dtype", get_args(KvDtype))):
+                          ("kernel", ("auto", *KERNELS)), ("kv_dtype", get_args(KvDtype)),
+                          ("speculation", get_args(Speculation))):
         if getattr(config, name) not in choices:
             raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {getattr(config, name)!r}")

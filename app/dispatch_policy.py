@@ -56,6 +56,8 @@ class WorkerSnapshot:
     private_weight_mb: int | None  # packed weights it holds privately
     tokens_per_s: float  # of its last finished reply
     current_tokens_per_s: float | None  # of the replies it is generating now
+    drafted_tokens: int  # prompt-lookup speculation, over its finished replies: tokens drafted and verified
+    accepted_tokens: int  # ... and accepted
 
 
 @dataclass
@@ -68,8 +70,17 @@ class WorkerHandle:
     slots: int = 1  # requests generated at once (batched decode)
     active: set[str] = field(default_factory=set)  # request_ids leased to this worker
     served: int = 0
+    drafted: int = 0  # tokens its finished replies drafted (workers.generation.speculation) ...
+    accepted: int = 0  # ... and accepted
     last_done: Done | None = None  # the latest finished request, for the worker panel
     progress: dict[str, Progress] = field(default_factory=dict)  # of the requests generating now
+
+    def finished(self, done: Done) -> None:
+        """Count a reply it finished."""
+        self.served += 1
+        self.drafted += done.metrics.drafted_tokens
+        self.accepted += done.metrics.accepted_tokens
+        self.last_done = done
 
     @property
     def id(self) -> int:
@@ -111,6 +122,7 @@ class WorkerHandle:
             tokens_per_s=round(done.metrics.decode_tokens_per_s, 1) if done else 0.0,
             current_tokens_per_s=round(sum(p.tokens_per_s(time.monotonic()) for p in self.progress.values()), 1)
             if self.progress else None,
+            drafted_tokens=self.drafted, accepted_tokens=self.accepted,
         )
 
 

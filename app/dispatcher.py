@@ -146,8 +146,7 @@ class Dispatcher:
             progress.tokens = msg.tokens
         if isinstance(msg, (Done, Failed)) and msg.request_id in worker.active:
             if isinstance(msg, Done):
-                worker.served += 1
-                worker.last_done = msg
+                worker.finished(msg)
             self._free(worker, msg.request_id)
             worker.progress.pop(msg.request_id, None)
             worker.settle()

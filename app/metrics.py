@@ -91,6 +91,8 @@ class AppMetrics:
     generated_tokens: Counter
     prompt_tokens: Counter
     cached_prompt_tokens: Counter
+    drafted_tokens: Counter
+    accepted_tokens: Counter
 
     @classmethod
     def create(cls, dispatcher: Dispatcher) -> AppMetrics:
@@ -114,6 +116,12 @@ class AppMetrics:
             cached_prompt_tokens=Counter(f"{PREFIX}_cached_prompt_tokens",
                                          "Prompt tokens reused from a conversation's KV cache.",
                                          registry=registry),
+            drafted_tokens=Counter(f"{PREFIX}_drafted_tokens",
+                                   "Tokens drafted from the conversation's own text and verified (speculation).",
+                                   registry=registry),
+            accepted_tokens=Counter(f"{PREFIX}_accepted_tokens",
+                                    "Drafted tokens the model accepted: each is a decode step saved.",
+                                    registry=registry),
         )
         for name in OUTCOMES:  # every outcome is exported from the start, at 0
             metrics.requests.labels(name)
@@ -129,6 +137,8 @@ class AppMetrics:
         self.generated_tokens.inc(m.completion_tokens)
         self.prompt_tokens.inc(m.prompt_tokens)
         self.cached_prompt_tokens.inc(m.cached_prompt_tokens)
+        self.drafted_tokens.inc(m.drafted_tokens)
+        self.accepted_tokens.inc(m.accepted_tokens)
         if m.completion_tokens > 0 and m.ttft_ms > 0:
             self.ttft.observe(m.ttft_ms / 1000)
         if m.decode_tokens_per_s > 0:

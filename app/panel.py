@@ -40,6 +40,8 @@ def stats_footer(lang: str, done: Done, cores: list[int] | None) -> str:
              text(lang, "tokens", n=m.completion_tokens)]
     if m.cached_prompt_tokens:
         parts.append(text(lang, "cached", c=m.cached_prompt_tokens, p=m.prompt_tokens))
+    if m.drafted_tokens:
+        parts.append(text(lang, "drafted", a=m.accepted_tokens, d=m.drafted_tokens))
     parts.append(where)
     if done.finish_reason is FinishReason.LENGTH:
         parts.append(text(lang, "length"))

@@ -57,6 +57,7 @@ class EngineConfig:
     max_context_tokens: int  # cap on the model's own window, to bound CPU memory (from the app's config)
     kv_cache_bytes: int = 1024 * 2**20  # KV memory of live replies and kept conversations (workers.generation.conversations)
     repetition_window: int = 256  # how many recent ids repetition_penalty looks at
+    speculation: str = "auto"  # "auto": prompt-lookup drafts where they pay; "off" (workers.generation.speculation)
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,8 @@ class Metrics:
     completion_tokens: int = 0
     ttft_ms: float = 0.0
     decode_tokens_per_s: float = 0.0
+    drafted_tokens: int = 0  # prompt-lookup speculation: tokens drafted and verified
+    accepted_tokens: int = 0  # ... and accepted (each is a step saved)
 
 
 @dataclass(frozen=True)

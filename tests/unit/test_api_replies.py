@@ -81,7 +81,9 @@ def test_n_choices_interleave_each_with_its_index_and_usage_counts_the_prompt_on
     assert text == {0: "Paris", 1: "Rome"}
     assert [c["choices"][0]["index"] for c in chunks[:-1] if c["choices"][0]["finish_reason"]] in ([0, 1], [1, 0])
     assert chunks[-1]["usage"] == {"prompt_tokens": 7, "completion_tokens": 6, "total_tokens": 13,
-                                   "prompt_tokens_details": {"cached_tokens": 0}}
+                                   "prompt_tokens_details": {"cached_tokens": 0},
+                                   "completion_tokens_details": {"accepted_prediction_tokens": 0,
+                                                                 "rejected_prediction_tokens": 0}}
     whole_reply = json.loads(asyncio.run(complete("id", "m", [choice("Paris"), choice("Rome")])).body)
     assert [c["message"]["content"] for c in whole_reply["choices"]] == ["Paris", "Rome"]
     assert [c["index"] for c in whole_reply["choices"]] == [0, 1] and whole_reply["usage"]["prompt_tokens"] == 7

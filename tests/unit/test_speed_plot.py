@@ -23,7 +23,7 @@ def done(worker: int, tps: float, ttft_ms: float) -> Done:
 def busy(worker: int, tps: float | None) -> WorkerSnapshot:
     return WorkerSnapshot(id=worker, node="local", pid=1, cores=(worker,), threads=1, state=WorkerState.BUSY,
                           active=1, slots=4, served=0, restarts=0, kernels=None, private_weight_mb=None,
-                          tokens_per_s=0.0, current_tokens_per_s=tps)
+                          tokens_per_s=0.0, current_tokens_per_s=tps, drafted_tokens=0, accepted_tokens=0)
 
 
 def test_points_per_worker_for_the_last_minutes_only():

@@ -14,11 +14,11 @@ time (no ``hasattr``):
                        while the batch decodes on the other (ort, two threads or more)
     seat(...)          place a newcomer's cache beside the batch's before it prefills, where the
                        decoder keeps a batch's caches together (ort)
+    scores_positions   forward_verify: a batch's decode step and several tokens of one more
+                       sequence in one call, with logits at each of their positions: drafted
+                       tokens verified (``workers.generation.speculation``; lean, ort)
 
-A capability to come enters the same way: a step that scores several tokens of one sequence
-(speculative verification) as ``scores_positions`` and a call returning logits [S, V] for
-the positions asked for; a stage between logits and sampling already has its seam in
-``workers.generation.processors``.
+A stage between logits and sampling has its seam in ``workers.generation.processors``.
 
 Shapes: B = sequences in a call; S = new tokens of one sequence; V = vocabulary.
 """
@@ -63,6 +63,7 @@ class Decoder(ABC):
     max_seq_len: int  # the model's context window
     kv_bytes_per_token: int  # one token of context in a cache: keys and values in every layer
     fuses_chunks: ClassVar[bool] = False  # forward_mixed is implemented
+    scores_positions: ClassVar[bool] = False  # forward_verify is implemented
     halves: tuple[Decoder, Decoder] | None = None  # (the batch's decoder, a prompt's), else None
 
     @abstractmethod
@@ -83,6 +84,13 @@ class Decoder(ABC):
         """``forward_batch(tokens, caches)`` and ``forward(ids, cache, logits)`` in one call →
         (logits [B, V], the chunk's last logits [V] or None). Only where ``fuses_chunks``."""
         raise NotImplementedError(f"{type(self).__name__} does not fuse prompt chunks into decode steps")
+
+    def forward_verify(self, tokens: torch.Tensor, caches: list[KVCache], ids: torch.Tensor,
+                       cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward_batch(tokens, caches)`` (B may be 0) and the new ids [S] after ``cache``'s in
+        one call → (logits [B, V], logits [S, V]: after each of the S ids). ``cache`` then holds
+        all S; the caller truncates what it rejects. Only where ``scores_positions``."""
+        raise NotImplementedError(f"{type(self).__name__} does not score several positions in a call")
 
     def seat(self, caches: list[KVCache], newcomer: KVCache) -> None:
         """Before ``newcomer``'s prompt prefills beside the decoding ``caches``: make room for it

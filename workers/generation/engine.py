@@ -43,6 +43,7 @@ from workers.generation.prompt import Prompt, build_prompt
 from workers.errors import InvalidInput
 from workers.protocol import ChatMessage, EngineConfig, FinishReason, Metrics, SamplingParams, TokenLogprob
 from workers.generation.sampling import logprobs, sample
+from workers.generation.speculation import Draft, Speculation
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class Sequence:
     pending: list[int] = field(default_factory=list)  # prompt tokens still to prefill
     generated: list[int] = field(default_factory=list)  # the last one is sampled, not yet fed
     unsent_logprobs: list[TokenLogprob] = field(default_factory=list)  # when asked for: until their text is sent
+    draft: Draft | None = None  # its prompt-lookup state, once it drafts (workers.generation.speculation)
     reason: FinishReason | None = None  # set once it must not be stepped again
     started: float = field(default_factory=time.perf_counter)
     first_token_at: float = 0.0
@@ -104,6 +106,7 @@ class Engine:
         self.token_bytes = TokenBytes(self.tokenizer)
         self.vocab_size = len(self.tokenizer)
         self.grammars = Grammars(self.tokenizer, tuple(sorted(self.stop_ids)))
+        self.speculation = Speculation(self.config.speculation == "auto" and self.decoder.scores_positions)
 
     def check(self, params: SamplingParams) -> None:
         """Refuse what only this model can tell is wrong: a ``logit_bias`` token id outside its
@@ -210,10 +213,15 @@ class Engine:
         if not live:
             first = self.prefill(chunk_of, chunk_tokens, decoder) if chunk_of is not None else None
             return [(chunk_of, first)] if first is not None else []
+        where = (id(decoder), len(live))  # what a call's time depends on (workers.generation.speculation.Costs)
+        if chunk_of is None and (plan := self.speculation.plan(live, self._room, where)) is not None:
+            return self._verify(decoder, live, *plan, where)
         tokens = torch.tensor([s.generated[-1] for s in live])  # [B]
         caches = [s.cache for s in live]
+        started = time.perf_counter()
         if chunk_of is None:
             logits, last = decoder.forward_batch(tokens, caches), None  # [B, V]
+            self.speculation.record(where, 0, time.perf_counter() - started)
         else:
             chunk = torch.tensor(self._next_chunk(chunk_of, chunk_tokens))
             logits, last = decoder.forward_mixed(tokens, caches, chunk, chunk_of.cache, logits=not chunk_of.pending)
@@ -223,6 +231,38 @@ class Engine:
             if step is not None:
                 steps.append((seq, step))
         return steps
+
+    def _verify(self, decoder: Decoder, live: list[Sequence], seq: Sequence, draft: list[int],
+                where: tuple) -> list[tuple[Sequence, Step]]:
+        """A decode step for ``live`` in which ``seq`` also scores its ``draft``: its tokens are
+        drawn position by position as plain steps would draw them, up to the first that differs
+        from the draft (then one more: the model's own); its cache keeps what was accepted.
+        Its text goes out as one step, so its log-probabilities go with it."""
+        others = [s for s in live if s is not seq]
+        length = seq.cache.length
+        started = time.perf_counter()
+        logits, scored = decoder.forward_verify(torch.tensor([s.generated[-1] for s in others], dtype=torch.long),
+                                                [s.cache for s in others],
+                                                torch.tensor([seq.generated[-1], *draft]), seq.cache)
+        self.speculation.record(where, len(draft), time.perf_counter() - started)
+        steps = [(s, step) for s, row in zip(others, logits, strict=True) if (step := self._take(s, row)) is not None]
+        texts, accepted = [], 0
+        for i, row in enumerate(scored):
+            count = len(seq.generated)
+            step = self._take(seq, row)
+            texts.append(step.text if step is not None else "")
+            hit = i < len(draft) and len(seq.generated) > count and seq.generated[-1] == draft[i]
+            accepted += hit
+            if not hit or seq.reason is not None:
+                break
+        seq.cache.truncate(length + 1 + accepted)  # the token fed, and the drafts accepted
+        self.speculation.verified(seq, len(draft), accepted)
+        return steps + [(seq, Step("".join(texts)))]
+
+    @staticmethod
+    def _room(seq: Sequence) -> int:
+        """The most tokens ``seq`` may draft: each accepted one, and the one after, are new tokens."""
+        return seq.budget - len(seq.generated) - 1
 
     @staticmethod
     def _next_chunk(seq: Sequence, max_tokens: int | None) -> list[int]:
@@ -284,6 +324,8 @@ class Engine:
             completion_tokens=n,
             ttft_ms=(seq.first_token_at - seq.started) * 1000 if seq.first_token_at else 0.0,
             decode_tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0,
+            drafted_tokens=seq.draft.drafted if seq.draft else 0,
+            accepted_tokens=seq.draft.accepted if seq.draft else 0,
         )
         tail, _ = seq.stop_strings.push(seq.detok.flush())
         return Finished(reason, metrics, tail + seq.stop_strings.flush())

@@ -183,6 +183,7 @@ class Transformer(Decoder):
     """Forward pass over a dict of tensors laid out by ``workers.decoders.lean.weights.prepare`` for ``kernel``."""
 
     fuses_chunks = True
+    scores_positions = True
 
     def __init__(self, args: ModelArgs, tensors: dict[str, torch.Tensor], kernel: str, prefill: str | None = None,
                  threads: int = 1, kv: str | None = None) -> None:
@@ -265,10 +266,22 @@ class Transformer(Decoder):
                         list(range(b + 1 if logits else b)))
         return out[:b], (out[b] if logits else None)
 
-    def _run(self, new: list[list[int]], caches: list[KVCache], logits_of: list[int]) -> torch.Tensor | None:
+    @torch.no_grad()
+    def forward_verify(self, tokens: torch.Tensor, caches: list[KVCache], ids: torch.Tensor,
+                       cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """A decode step for B sequences and ids [S] after ``cache``'s, one pass over the weights
+        → (logits [B, V], logits [S, V]: after each of the S ids)."""
+        b = len(caches)
+        out = self._run([[t] for t in tokens.tolist()] + [ids.tolist()], [*caches, cache], list(range(b)),
+                        every_position_of_last=True)
+        return out[:b], out[b:]
+
+    def _run(self, new: list[list[int]], caches: list[KVCache], logits_of: list[int],
+             every_position_of_last: bool = False) -> torch.Tensor | None:
         """New tokens for each sequence (``new[b]`` after ``caches[b]``'s cached ones), all one row
         of T tokens through the matmuls, each sequence's attending over its own cache → the
-        last position's logits of the sequences ``logits_of``, [len(logits_of), V] (None: none)."""
+        last position's logits of the sequences ``logits_of``, [len(logits_of), V] (None: none),
+        then, with ``every_position_of_last``, those of each of the last sequence's positions."""
         a = self.args
         counts = [len(n) for n in new]
         ends = list(itertools.accumulate(counts))  # where each sequence's tokens end in the row
@@ -303,9 +316,10 @@ class Transformer(Decoder):
         for cache, n in zip(caches, counts, strict=True):
             cache.length += n
             cache.touched = max(cache.touched, cache.length)
-        if not logits_of:
+        rows = [ends[b] - 1 for b in logits_of] + (list(range(T - counts[-1], T)) if every_position_of_last else [])
+        if not rows:
             return None
-        x = self._norm(x[0, [ends[b] - 1 for b in logits_of]], self.norm)  # [R, E]
+        x = self._norm(x[0, rows], self.norm)  # [R, E]
         return self.lm_head(x).float()  # [R, V]: one row per sequence, the decode path
 
     @property

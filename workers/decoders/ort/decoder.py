@@ -176,6 +176,7 @@ class OrtDecoder(Decoder):
     (``Decoder.halves``); any of the three runs on any cache."""
 
     fuses_chunks = True
+    scores_positions = True
 
     def __init__(self, path: str, threads: int, prefill: str | None = None, halves: bool = True,
                  pack: bool = True, kv: str | None = None) -> None:
@@ -278,6 +279,23 @@ class OrtDecoder(Decoder):
         rows[order] = out[: len(caches)]
         return rows, (out[-1] if logits else None)
 
+    def forward_verify(self, tokens: torch.Tensor, caches: list[OrtCache], ids: torch.Tensor,
+                       cache: OrtCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """A decode step for the batch and ids [S] after ``cache``'s as the graph's chunk, in one
+        call → (logits [B, V], logits [S, V]: after each of the S ids). ``cache`` takes the slot
+        after the batch's (``seat``): where it sits elsewhere, it and the batch move once."""
+        new = ids.tolist()
+        cache.reserve(cache.length + len(new))
+        if not caches:
+            return torch.empty(0, self.vocab), self._run(self.no_rows, [], [], cache, new, True, every=True)
+        self.seat(caches, cache)
+        kv, order = self._rows(caches)
+        step = tokens.tolist()
+        out = self._run(kv, [step[i] for i in order], [caches[i] for i in order], cache, new, True, every=True)
+        rows = torch.empty_like(out[: len(caches)])
+        rows[order] = out[: len(caches)]
+        return rows, out[len(caches) :]
+
     def seat(self, caches: list[OrtCache], newcomer: OrtCache) -> None:
         """Place ``caches`` in the arena's first slots and ``newcomer`` in the next, before the
         newcomer's prompt prefills (apart, or in chunks), so that it joins their steps without
@@ -328,17 +346,18 @@ class OrtDecoder(Decoder):
         return io
 
     def _run(self, rows: np.ndarray, row_tokens: list[int], row_caches: list[OrtCache], chunk: OrtCache,
-             chunk_tokens: list[int], logits: bool, session=None) -> torch.Tensor:
+             chunk_tokens: list[int], logits: bool, session=None, every: bool = False) -> torch.Tensor:
         """One call of ``session`` (the int8 graph by default): a token after each of
         ``row_caches`` (whose keys and values are the slots of ``rows``) and ``chunk_tokens``
         after ``chunk``'s, all written in place → logits [rows (+ 1: the chunk's last
-        position, with ``logits``), V]."""
+        position, with ``logits``; + each of the chunk's, with ``every``), V]."""
         session = session or self.session
         lengths = [c.length for c in row_caches]
         mask = np.zeros((len(lengths), max(lengths, default=0) + 1), np.int64)
         for row, n in enumerate(lengths):
             mask[row, : n + 1] = 1  # GroupQueryAttention: a row's sum is its sequence's length
-        positions = list(range(len(lengths))) + ([len(lengths) + len(chunk_tokens) - 1] if logits else [])
+        first = len(lengths) if every else len(lengths) + len(chunk_tokens) - 1  # the chunk's positions read
+        positions = list(range(len(lengths))) + (list(range(first, len(lengths) + len(chunk_tokens))) if logits else [])
         out = np.empty((1, len(positions), self.vocab), np.float32)
         io = self._kv_binding(session, rows, chunk.kv)
         io.bind_cpu_input("input_ids", np.array([row_tokens + chunk_tokens], np.int64))
