@@ -8,13 +8,15 @@ from dataclasses import dataclass, field
 
 from workers.generation.speculation import (
     MOST_DRAFTED,
-    PRIOR_COST,
     Costs,
     Odds,
     PromptLookup,
     Speculation,
     best_draft,
+    prior,
 )
+
+PRIOR = [prior(k) for k in range(MOST_DRAFTED + 1)]
 
 
 def test_the_tokens_after_the_tails_last_earlier_occurrence_are_proposed():
@@ -56,7 +58,7 @@ def test_odds_start_even_rise_on_acceptance_and_fall_on_misses():
     assert odds.chance < 0.35
     for _ in range(10):
         odds.verified(drafted=1, accepted=0)
-    assert best_draft(odds.chance, PRIOR_COST, MOST_DRAFTED) == 0  # misses alone stop the drafting
+    assert best_draft(odds.chance, PRIOR, MOST_DRAFTED) == 0  # misses alone stop the drafting
 
 
 def test_odds_fade_back_toward_even_while_a_sequence_rests():
@@ -67,25 +69,49 @@ def test_odds_fade_back_toward_even_while_a_sequence_rests():
     for _ in range(100):
         odds.rest()
     assert low < 0.2 and 0.4 < odds.chance < 0.5
-    assert best_draft(odds.chance, PRIOR_COST, MOST_DRAFTED) >= 1  # so it tries again
+    assert best_draft(odds.chance, PRIOR, MOST_DRAFTED) >= 1  # so it tries again
+
+
+def linear(per_token: float) -> list[float]:
+    return [1 + per_token * k for k in range(MOST_DRAFTED + 1)]
 
 
 def test_a_draft_is_as_long_as_pays_most_and_none_where_none_pays():
-    assert best_draft(0.95, 0.05, MOST_DRAFTED) == MOST_DRAFTED  # cheap and likely: all it may
-    assert best_draft(0.95, 0.05, 3) == 3  # capped by the budget left
-    assert 1 <= best_draft(0.5, PRIOR_COST, MOST_DRAFTED) <= 3
-    assert best_draft(0.1, 0.15, MOST_DRAFTED) == 0  # (1 + 0.1) / 1.15 < 1
-    assert best_draft(0.9, 2.0, MOST_DRAFTED) == 0  # a drafted token costing two steps never pays
+    assert best_draft(0.95, linear(0.05), MOST_DRAFTED) == MOST_DRAFTED  # cheap and likely: all it may
+    assert best_draft(0.95, linear(0.05), 3) == 3  # capped by the budget left
+    assert 1 <= best_draft(0.5, PRIOR, MOST_DRAFTED) <= 3
+    assert best_draft(0.1, linear(0.15), MOST_DRAFTED) == 0  # (1 + 0.1) / 1.15 < 1
+    assert best_draft(0.9, linear(2.0), MOST_DRAFTED) == 0  # a drafted token costing two steps never pays
+    first_dear = [1.0, 1.4, 1.45, 1.5, 1.55, 2.0, 2.2, 2.4, 2.6]  # as the graph's calls cost
+    assert best_draft(0.3, first_dear, MOST_DRAFTED) == 0
+    assert best_draft(0.35, first_dear, MOST_DRAFTED) == 2  # one drafted token would not pay (1.35 / 1.4) ...
+    assert best_draft(0.35, first_dear, 1) == 0
+    assert best_draft(0.7, first_dear, MOST_DRAFTED) == 4  # ... and past 4 the graph's calls cost more again
 
 
-def test_costs_are_measured_per_place_against_a_plain_step_there():
+def test_costs_are_measured_per_place_and_length_against_a_plain_step_there():
     costs = Costs()
-    assert costs.drafted_token(("half", 1)) is None  # nothing timed there yet: no draft
+    assert costs.of(("half", 1)) is None  # nothing timed there yet: no draft
     costs.record(("half", 1), 0, 0.010)
-    assert costs.drafted_token(("half", 1)) == PRIOR_COST
-    costs.record(("half", 1), 4, 0.014)  # 4 drafted tokens: 1.4 steps
-    assert abs(costs.drafted_token(("half", 1)) - 0.1) < 1e-9
-    assert costs.drafted_token(("all", 2)) is None
+    assert costs.of(("half", 1)) == PRIOR
+    for _ in range(40):
+        costs.record(("half", 1), 4, 0.020)  # 4 drafted tokens: 2 steps
+    assert abs(costs.of(("half", 1))[4] - 2.0) < 0.01
+    assert costs.of(("half", 1))[3] == PRIOR[3]  # each length its own
+    assert costs.of(("all", 2)) is None
+
+
+def test_one_slow_call_does_not_stop_drafting_and_a_dear_length_is_tried_again_later():
+    costs = Costs()
+    costs.record(("d", 1), 0, 0.010)
+    costs.record(("d", 1), 2, 0.100)  # the machine busy for a moment: 10 steps' time
+    assert costs.of(("d", 1))[2] < 3.5  # a fifth of the way
+    for _ in range(40):
+        costs.record(("d", 1), 2, 0.100)
+    assert best_draft(0.6, costs.of(("d", 1)), MOST_DRAFTED) != 2
+    for _ in range(500):
+        costs.record(("d", 1), 0, 0.010)  # plain steps relax it back toward the prior
+    assert costs.of(("d", 1))[2] < PRIOR[2] + 0.1
 
 
 @dataclass

@@ -13,11 +13,11 @@ up to the last-bit differences a call of several tokens may make (as a batch doe
 cache keeps only what was accepted (``KVCache.truncate``).
 
 Whether to draft, and how much, is a measured bet (``Speculation.plan``). A call that scores
-k more tokens costs more than a plain step (on 2 cores of a Zen 4, ~1.1-1.3x for k = 4 on
-the bundled model); the per-token cost ``c`` is timed on this worker's own calls (``Costs``),
-and each sequence's chance that a drafted token is accepted, ``a``, is counted on its own
-verifications (``Odds``). A draft of k pays when ``(1 + a + ... + a^k) / (1 + c k) > 1``; the
-k that pays most is drafted, none where none pays. Misses lower ``a`` until drafting stops;
+k more tokens costs more than a plain step (on 2 cores of a Zen 4, the bundled model on the
+graph: 1.4x for k = 1, 1.6x for k = 4, 2.5x for k = 8); that cost ``r(k)`` is timed on this
+worker's own calls (``Costs``), and each sequence's chance that a drafted token is accepted,
+``a``, is counted on its own verifications (``Odds``). A draft of k pays when
+``(1 + a + ... + a^k) / r(k) > 1``; the k that pays most is drafted, none where none pays. Misses lower ``a`` until drafting stops;
 while a sequence does not draft, its counts fade back toward even odds, so it tries again
 now and then (a paused plain chat probes rarely, a quoting reply keeps drafting).
 """
@@ -37,7 +37,8 @@ FADE = 0.8  # each verification's weight in a sequence's odds, relative to the o
 # verifications' worth counts: misses alone bring the odds to 1/12, where a draft rarely pays)
 REST_FADE = 0.97  # how a sequence's counts fade per step it does not draft
 COST_WEIGHT = 0.2  # a new timing's weight in the moving averages of ``Costs``
-PRIOR_COST = 0.15  # a drafted token's cost, in plain steps, until one is timed
+PRIOR_COST = 0.15  # a drafted token's cost, in plain steps, until timed
+RELAX = 0.01  # how far each plain step moves a timed cost back toward the prior
 
 
 @dataclass
@@ -88,37 +89,53 @@ class Odds:
 @dataclass
 class Costs:
     """This worker's calls, timed, by where they ran (``where``: the decoder, e.g. one of its
-    halves, and the sequences in the call): a plain step's seconds, and a drafted token's extra
-    cost in plain steps (moving averages)."""
+    halves, and the sequences in the call): a plain step's seconds, and what a call verifying k
+    drafted tokens costs in plain steps, for each k (moving averages).
+
+    Not one cost per token: the graph's first drafted token costs most (its matmuls leave the
+    one-row path), ~0.4 of a step on the bundled model, the next ones ~0.08 each. Each ratio
+    starts at the prior, so one slow call (the machine busy for a moment) moves it a fifth of
+    the way, and every plain step relaxes it back a little: a length judged too dear is tried
+    again later, never given up for good."""
 
     plain: dict[tuple, float] = field(default_factory=dict)  # where -> seconds
-    per_token: dict[tuple, float] = field(default_factory=dict)  # where -> extra, in plain steps
+    ratios: dict[tuple, list[float]] = field(default_factory=dict)  # where -> [k] a call's cost, in plain steps
 
     def record(self, where: tuple, drafted: int, seconds: float) -> None:
         """A call ``where``, with ``drafted`` tokens of one sequence to verify (0: a plain step)."""
         if not drafted:
             old = self.plain.get(where, seconds)
             self.plain[where] = old + COST_WEIGHT * (seconds - old)
+            ratios = self._ratios(where)
+            for k in range(1, len(ratios)):
+                ratios[k] += RELAX * (prior(k) - ratios[k])
         elif where in self.plain:
-            extra = max(0.0, seconds / self.plain[where] - 1) / drafted
-            old = self.per_token.get(where, extra)
-            self.per_token[where] = old + COST_WEIGHT * (extra - old)
+            ratios = self._ratios(where)
+            ratios[drafted] += COST_WEIGHT * (seconds / self.plain[where] - ratios[drafted])
 
-    def drafted_token(self, where: tuple) -> float | None:
-        """A drafted token's cost in plain steps ``where``; None until a plain step there is timed."""
-        if where not in self.plain:
-            return None
-        return self.per_token.get(where, PRIOR_COST)
+    def of(self, where: tuple) -> list[float] | None:
+        """What a call ``where`` costs for each draft length k, in plain steps ([0] is 1); None
+        until a plain step there is timed."""
+        return self._ratios(where) if where in self.plain else None
+
+    def _ratios(self, where: tuple) -> list[float]:
+        return self.ratios.setdefault(where, [prior(k) for k in range(MOST_DRAFTED + 1)])
 
 
-def best_draft(chance: float, cost: float, most: int) -> int:
-    """The draft length, up to ``most``, with the most expected tokens per plain step's time: 0
-    where no draft beats a plain step (which yields one token)."""
+def prior(k: int) -> float:
+    """A call verifying k drafted tokens, in plain steps, until timed."""
+    return 1 + PRIOR_COST * k
+
+
+def best_draft(chance: float, ratios: list[float], most: int) -> int:
+    """The draft length, up to ``most``, with the most expected tokens per plain step's time
+    (``ratios[k]``: a call's cost with k drafted tokens): 0 where no draft beats a plain step,
+    which yields one token."""
     best, best_gain, expected, odds = 0, 1.0, 1.0, 1.0
-    for k in range(1, most + 1):
+    for k in range(1, min(most, len(ratios) - 1) + 1):
         odds *= chance
         expected += odds
-        gain = expected / (1 + cost * k)
+        gain = expected / ratios[k]
         if gain > best_gain:
             best, best_gain = k, gain
     return best
@@ -151,13 +168,13 @@ class Speculation:
         """(the sequence that verifies, its draft) for a step of ``live`` sequences on the decoder
         ``where`` names, or None for a plain step. ``room(seq)``: the most tokens ``seq`` may
         still draft (its budget)."""
-        cost = self.costs.drafted_token(where) if self.on else None
-        if cost is None:
+        ratios = self.costs.of(where) if self.on else None
+        if ratios is None:
             return None
         choice, best = None, 0.0
         for seq in sorted(live, key=lambda s: id(s) != self.last):
             draft = self._state(seq)
-            k = best_draft(draft.odds.chance, cost, min(MOST_DRAFTED, room(seq)))
+            k = best_draft(draft.odds.chance, ratios, room(seq))
             if k and (proposal := draft.lookup.propose(k)):
                 gain = sum(draft.odds.chance ** i for i in range(1, len(proposal) + 1))
                 if gain > best:
