@@ -244,7 +244,7 @@ class Ort(Decoding):
         graph = build(spec["model"], Path(spec["cache_dir"]))
         prefill = spec.get("prefill") or "same"  # the app's choice (engine_choice.pick_prefill), or forced
         loaded = load(EngineSpec.ort(spec["model"], str(graph), prefill), spec.get("threads") or 2)
-        self.decoder, self.tokenizer = loaded.decoder, loaded.tokenizer
+        self.decoder, self.tokenizer, self.stop_ids = loaded.decoder, loaded.tokenizer, loaded.stop_ids
         self.private_weight_bytes = loaded.private_weight_bytes
         self.kernel = {"decode": "onnxruntime graph (int8)", "prefill": prefill}
 
@@ -263,7 +263,7 @@ class Lean(Decoding):
         weights = prepare(spec["model"], spec["kernel"], Path(spec["cache_dir"]))
         loaded = load(EngineSpec.lean(spec["model"], str(weights), spec["kernel"], spec.get("prefill")),
                       torch.get_num_threads())
-        self.decoder, self.tokenizer = loaded.decoder, loaded.tokenizer
+        self.decoder, self.tokenizer, self.stop_ids = loaded.decoder, loaded.tokenizer, loaded.stop_ids
         self.private_weight_bytes = loaded.private_weight_bytes
         self.kernel = {"decode": spec["kernel"], "prefill": self.decoder.prefill_path}
 

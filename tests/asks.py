@@ -22,8 +22,15 @@ the token limit or for wrong answers: "What is the capital of France?", a haiku 
 cats explained, a poem about the sea, "What is 12 plus 7?" ("9"), the largest planet ("Neptune"),
 "good morning" in French ("Je m'aime…"), a name for a goldfish (none given), three tips for
 sleeping better (fine at 1.05, "Snooze, Snooze, …" at 1.0).
+
+``QUOTED``: a text a reply quotes (``tests/test_speculation.py``, ``tests/test_e2e.py``): the
+start of CPython's own help on ``assert`` (``pydoc_data``), which the bundled model repeats,
+greedy, on the graph and on the lean decoder; prompt-lookup speculation drafts it.
 """
 
+import pydoc_data.topics
+
+QUOTED = pydoc_data.topics.topics["assert"][:700]
 CAPITAL = "Name the capital of France."  # greedy: "The capital of France is Paris."
 LONG = "Write a long essay about the history of the Roman Empire."  # greedy: 1,024 tokens and more
 LINES = "Name three fruits as a numbered list."  # greedy: "1. Bananas\n2. Oranges\n3. Grapes"

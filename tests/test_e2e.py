@@ -11,7 +11,7 @@ import pytest
 from gradio_client import Client
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.asks import CAPITAL, LINES
+from tests.asks import CAPITAL, LINES, QUOTED
 from tests.e2e import running_app, wait_gone
 
 GREEDY_UI = dict(system="", temperature=0.0, top_p=1.0, top_k=0, repetition_penalty=1.0, max_new_tokens=64)
@@ -256,6 +256,28 @@ def test_metrics_count_requests_tokens_and_cached_prompt_tokens(app):
     assert after["cpu_chat_busy_workers"] == 0 and after["cpu_chat_queue_depth"] == 0
     assert after["cpu_chat_active_replies"] == 0
     assert after['cpu_chat_worker_restarts_total{worker="0"}'] == 0
+
+
+def test_a_quoting_reply_is_drafted_and_counted_everywhere(app):
+    """Prompt-lookup speculation is on by default: a reply that quotes its prompt reports its
+    accepted drafts in the API's usage (as OpenAI reports a predicted output's), /health,
+    /metrics and the page's stats line."""
+    before, health_before = scrape(app), app.health()
+    ask = f"Here is a text:\n\n{QUOTED}\n\nRepeat the text above exactly, word for word."
+    reply = httpx.post(app.url + "/v1/chat/completions", timeout=120, json={
+        "messages": [{"role": "user", "content": ask}], "temperature": 0, "max_tokens": 64}).json()
+    details = reply["usage"]["completion_tokens_details"]
+    assert details["accepted_prediction_tokens"] > 0 and details["rejected_prediction_tokens"] >= 0
+    drafted = details["accepted_prediction_tokens"] + details["rejected_prediction_tokens"]
+    after, health = scrape(app), app.health()
+    assert after["cpu_chat_accepted_tokens_total"] - before.get("cpu_chat_accepted_tokens_total", 0) == \
+        details["accepted_prediction_tokens"]
+    assert after["cpu_chat_drafted_tokens_total"] - before.get("cpu_chat_drafted_tokens_total", 0) == drafted
+    counted = sum(w["accepted_tokens"] for w in health["workers"]) - \
+        sum(w["accepted_tokens"] for w in health_before["workers"])
+    assert counted == details["accepted_prediction_tokens"]
+    page = Client(app.url + "/", verbose=False).submit(ask, *GREEDY_UI.values(), api_name="/chat")
+    assert "drafted tokens accepted" in list(page)[-1]
 
 
 def test_sigint_stops_the_app_and_every_worker(app):

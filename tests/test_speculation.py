@@ -12,7 +12,6 @@ check is that quoting works and is drafted. The app's counters are checked in ``
 from __future__ import annotations
 
 import json
-import pydoc_data.topics
 from dataclasses import replace
 
 import pytest
@@ -20,6 +19,7 @@ import torch
 
 from app.config import load_config
 from app.structured import json_grammar
+from tests.asks import QUOTED
 from tests.generation import generate
 from tests.test_engine import make_engine
 from workers.generation.engine import Engine
@@ -27,7 +27,7 @@ from workers.loading.load import load
 from workers.protocol import ChatMessage, EngineConfig, FinishReason, SamplingParams
 from workers.spec import EngineSpec
 
-TEXT = pydoc_data.topics.topics["assert"][:700]  # ships with CPython: data no model was tuned on here
+TEXT = QUOTED  # ships with CPython (``tests.asks``)
 QUOTE = f"Here is a text:\n\n{TEXT}\n\nRepeat the text above exactly, word for word."
 CHAT = "Write a short story about a cat who learns to fly."
 GREEDY = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=96)
@@ -62,6 +62,12 @@ class Calls:
 
 def reply(engine: Engine, ask: str, params: SamplingParams):
     return generate(engine, engine.prompt([ChatMessage("user", ask)], params.max_new_tokens), params)
+
+
+def kl(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """KL(want || got) of each row's distribution."""
+    return torch.nn.functional.kl_div(got.log_softmax(-1), want.log_softmax(-1), log_target=True,
+                                      reduction="none").sum(-1)
 
 
 def quotes(text: str) -> bool:
@@ -173,7 +179,38 @@ def test_the_graph_drafts_a_quote_and_verifies_it_close_to_its_decode_steps(bund
     decoder.forward(ids, verified)
     plain = torch.stack([decoder.forward_batch(torch.tensor([t]), [stepped])[0] for t in nxt])
     _, scored = decoder.forward_verify(torch.tensor([], dtype=torch.long), [], torch.tensor(nxt), verified)
-    kl = torch.nn.functional.kl_div(scored.log_softmax(-1), plain.log_softmax(-1), log_target=True,
-                                    reduction="none").sum(-1)
     assert verified.length == stepped.length == 64
-    assert kl.max() < 0.05, kl  # the int8 kernels' own rounding is ~0.01 against fp32
+    assert kl(scored, plain).max() < 0.05  # the int8 kernels' own rounding is ~0.01 against fp32
+
+
+def test_the_graph_swaps_the_verifying_sequence_into_the_last_slot_and_loses_nothing(bundled_model, cache_dir):
+    """The graph verifies a draft in its chunk half, which reads the arena's slot after the
+    batch's rows: a verifying sequence seated elsewhere swaps slots once, and every sequence
+    still decodes from its own keys and values."""
+    from workers.decoders.ort.graph import build
+
+    decoder = load(EngineSpec.ort(bundled_model.path, str(build(bundled_model.path, cache_dir))), threads=1).decoder
+
+    def three():
+        caches = [decoder.new_cache() for _ in range(3)]
+        for i, cache in enumerate(caches):
+            cache.reserve(64)
+            decoder.forward(torch.arange(100 + 50 * i, 120 + 50 * i), cache)
+        return caches
+
+    want = three()
+    decoder.forward_batch(torch.tensor([5, 6, 7]), want)
+    expected = decoder.forward_batch(torch.tensor([8, 9, 10]), want)
+    got = three()
+    decoder.forward_batch(torch.tensor([5, 6, 7]), got)
+    first = got[0]
+    assert first.slot == 0
+    rows, scored = decoder.forward_verify(torch.tensor([9, 10]), got[1:], torch.tensor([8, 11]), first)
+    assert first.slot == 2  # swapped with the sequence that sat last
+    assert torch.allclose(rows, expected[1:], atol=1e-4)  # the rows: as in a plain step
+    assert kl(scored[:1], expected[:1]).max() < 0.05  # the chunk: within the int8 kernels' rounding
+    first.truncate(first.length - 1)  # the draft (11) rejected
+    again = decoder.forward_batch(torch.tensor([12, 13, 14]), got)
+    reference = decoder.forward_batch(torch.tensor([12, 13, 14]), want)
+    assert torch.allclose(again[1:], reference[1:], atol=1e-4)
+    assert kl(again[:1], reference[:1]).max() < 0.05  # its token 8 was written by the chunk half

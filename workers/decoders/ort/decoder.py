@@ -87,7 +87,8 @@ class OrtCache:
         self.held = False  # being written by a thread of its own (workers.scheduler.prefill.PromptApart): never moved
 
     def __del__(self) -> None:
-        if self.arena is not None and not self.held:  # a slot of an array that may outlive it
+        if self.arena is not None and not self.held and sys.meta_path is not None:  # a slot of an array that
+            # may outlive it (not at the interpreter's exit, when numpy's ``ctypes`` can no longer be imported)
             forget(self.kv)
 
     @property
@@ -161,6 +162,16 @@ class Arena:
         if newcomer.arena is not self or newcomer.slot != slot:
             newcomer.move_to(self.kv, slot, self)
             self.members.append(weakref.ref(newcomer))
+
+    def swap(self, a: OrtCache, b: OrtCache) -> None:
+        """Exchange the slots of two of its caches (nothing where they are one)."""
+        if a is b:
+            return
+        saved = a.kv[..., : a.length, :].copy()
+        a.kv[..., : b.length, :] = b.kv[..., : b.length, :]
+        b.kv[..., : a.length, :] = saved
+        a.kv, b.kv, a.slot, b.slot = b.kv, a.kv, b.slot, a.slot
+        a.touched, b.touched = max(a.length, b.touched), max(b.length, a.touched)  # the pages of its new slot
 
     def holds(self, caches: list[OrtCache]) -> bool:
         """Whether ``caches`` are exactly the first ``len(caches)`` slots (in any order)."""
@@ -282,13 +293,17 @@ class OrtDecoder(Decoder):
     def forward_verify(self, tokens: torch.Tensor, caches: list[OrtCache], ids: torch.Tensor,
                        cache: OrtCache) -> tuple[torch.Tensor, torch.Tensor]:
         """A decode step for the batch and ids [S] after ``cache``'s as the graph's chunk, in one
-        call → (logits [B, V], logits [S, V]: after each of the S ids). ``cache`` takes the slot
-        after the batch's (``seat``): where it sits elsewhere, it and the batch move once."""
+        call → (logits [B, V], logits [S, V]: after each of the S ids). ``cache`` must sit in the
+        arena's slot after the batch's (the graph's chunk half): where it sits elsewhere, it
+        swaps with the cache there, so that the batch's plain steps, with it in that last slot,
+        and its verifying steps find everyone in place."""
         new = ids.tolist()
         cache.reserve(cache.length + len(new))
         if not caches:
             return torch.empty(0, self.vocab), self._run(self.no_rows, [], [], cache, new, True, every=True)
-        self.seat(caches, cache)
+        self._rows([*caches, cache])
+        last = next(c for c in caches if c.slot == len(caches)) if cache.slot != len(caches) else cache
+        self.home.arena.swap(cache, last)  # once per change of the verifying sequence
         kv, order = self._rows(caches)
         step = tokens.tolist()
         out = self._run(kv, [step[i] for i in order], [caches[i] for i in order], cache, new, True, every=True)

@@ -1,0 +1,145 @@
+"""Prompt-lookup speculation on and off, on grounded replies and on plain chat:
+``python -m benchmarks.speculation_bench`` (~5 minutes).
+
+The bundled model's real weights (SmolLM2-135M: random weights would quote nothing), the
+app's engine, 2 threads, one process: two engines over the one loaded decoder, one with
+``speculation="auto"`` (the default), one with ``"off"``, taking turns reply by reply
+(off, on, on, off, ...), so both see the same machine. Grounded asks copy from text that
+ships with CPython or is written here: summarise or quote a ``pydoc_data`` topic, edit a
+function of the standard library (``inspect.getsource``), rewrite the previous answer. Plain
+chat asks for new text. Greedy and the app's default sampling (seeded alike on and off).
+Each reply's decode tokens/s is the worker's own figure (``Metrics``). Results go to
+``benchmarks/results/<CPU class>/speculation.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import pydoc_data.topics
+import statistics
+import textwrap
+
+from benchmarks.run import CACHE, _machine, entry, run_module, save
+from benchmarks.stats import Summary
+
+TOKENS = 200  # new tokens a reply may have
+MODES = ("off", "auto")
+
+
+def asks() -> dict[str, dict[str, list[tuple[str, str]]]]:
+    """group → name → the conversation, as (role, content) pairs."""
+    topic = pydoc_data.topics.topics["assert"][:1200]
+    code = inspect.getsource(textwrap.indent)
+    answer = " ".join(pydoc_data.topics.topics["pass"].split()[:120])
+    return {
+        "grounded": {
+            "summarise a text": [("user", f"{topic}\n\nSummarise the text above in a few sentences.")],
+            "quote a text": [("user", f"Here is a text:\n\n{topic}\n\nQuote its first two paragraphs exactly.")],
+            "edit a function": [("user", f"{code}\n\nRename the parameter `predicate` to `keep` in this function "
+                                         "and show the whole function.")],
+            "rewrite the previous answer": [("user", "What does the pass statement do in Python?"),
+                                            ("assistant", answer),
+                                            ("user", "Rewrite your previous answer in simpler words.")],
+        },
+        "plain chat": {
+            "a story": [("user", "Write a short story about a cat who learns to fly.")],
+            "an explanation": [("user", "Explain how a rainbow forms.")],
+            "ideas": [("user", "Give me ten ideas for a birthday party.")],
+        },
+    }
+
+
+def measure(spec: dict) -> dict:
+    """In this process: every ask, greedy and sampled, ``rounds`` times in each mode, the modes
+    taking turns; each reply's decode tokens/s and drafted and accepted tokens."""
+    from dataclasses import replace
+
+    from app.config import load_config
+    from benchmarks.engine_bench import runner_for
+    from workers.generation.engine import Engine
+    from workers.process import warm_up
+    from workers.protocol import ChatMessage, EngineConfig
+    from workers.spec import WorkerSpec
+
+    spec, runner = runner_for(spec)
+    config = load_config()
+    engines = {mode: Engine(runner.decoder, runner.tokenizer, runner.stop_ids,
+                            EngineConfig(max_context_tokens=config.max_context_tokens, speculation=mode))
+               for mode in MODES}
+    for engine in engines.values():
+        warm_up(engine, WorkerSpec.warmup_tokens)
+    samplings = {"greedy": replace(config.sampling, temperature=0.0, repetition_penalty=1.0, max_new_tokens=TOKENS),
+                 "default sampling": replace(config.sampling, seed=1, max_new_tokens=TOKENS)}
+
+    def one(mode: str, conversation, params) -> dict:
+        engine = engines[mode]
+        messages = [ChatMessage(role, content) for role, content in conversation]
+        seq, _ = engine.start(engine.prompt(messages, params.max_new_tokens), params)
+        while seq.reason is None:
+            engine.step([seq])
+        m = engine.finish(seq).metrics
+        return {"tok_s": m.decode_tokens_per_s, "tokens": m.completion_tokens, "drafted": m.drafted_tokens,
+                "accepted": m.accepted_tokens}
+
+    runs = []
+    order = [MODES, MODES[::-1]]  # off, on, on, off, ...
+    for r in range(spec["rounds"]):
+        for group, named in asks().items():
+            for name, conversation in named.items():
+                for sampling, params in samplings.items():
+                    for mode in order[r % 2]:
+                        runs.append({"group": group, "ask": name, "sampling": sampling, "mode": mode, "round": r,
+                                     **one(mode, conversation, params)})
+    return {"engine": spec["engine"], "kernel": runner.kernel, "runs": runs}
+
+
+def summary(runs: list[dict]) -> dict:
+    """Per group and sampling: on/off tokens/s, the ratio of each ask's medians, acceptance."""
+    out = {}
+    for key in sorted({(r["group"], r["sampling"]) for r in runs}):
+        mine = [r for r in runs if (r["group"], r["sampling"]) == key]
+        tok_s = {mode: Summary.of([r["tok_s"] for r in mine if r["mode"] == mode]) for mode in MODES}
+        ratios = []  # per ask: median on / median off
+        for ask in sorted({r["ask"] for r in mine}):
+            med = {mode: statistics.median(r["tok_s"] for r in mine if r["ask"] == ask and r["mode"] == mode)
+                   for mode in MODES}
+            ratios.append(med["auto"] / med["off"])
+        on = [r for r in mine if r["mode"] == "auto"]
+        drafted, accepted = sum(r["drafted"] for r in on), sum(r["accepted"] for r in on)
+        out[" / ".join(key)] = {"off_tok_s": tok_s["off"].dict(), "on_tok_s": tok_s["auto"].dict(),
+                                "ratio_by_ask": Summary.of(ratios).dict(),
+                                "accepted_of_drafted": accepted / drafted if drafted else 0.0,
+                                "accepted_per_token": accepted / sum(r["tokens"] for r in on)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--rounds", type=int, default=4)
+    args = p.parse_args(argv)
+    from workers.loading.resolve import resolve_model
+
+    machine = _machine()
+    spec = {"engine": "auto", "kernel": "auto", "threads": 2, "model": str(resolve_model("bundled", CACHE).path),
+            "cache_dir": str(CACHE), "rounds": args.rounds}
+    result = run_module("benchmarks.speculation_bench", "--one", json.dumps(spec))
+    result["summary"] = summary(result["runs"])
+    lines = [f"CPU: {machine['cpus']} ({machine['cores']} cores), flags {' '.join(machine['flags'])}. "
+             f"Bundled SmolLM2-135M (real weights), the app's engine ({result['engine']}), 2 threads, up to {TOKENS} "
+             f"new tokens; {args.rounds} rounds, speculation off and on taking turns reply by reply in one process. "
+             "Decode tokens/s: median (min–max) over the group's replies; on ÷ off: median (min–max) over its asks "
+             "of each ask's median ratio.", "",
+             "| asks | off tok/s | on tok/s | on ÷ off | drafted tokens accepted | accepted per reply token |",
+             "|---|---|---|---|---|---|"]
+    for key, s in result["summary"].items():
+        lines.append(f"| {key} | {Summary(**s['off_tok_s'])} | {Summary(**s['on_tok_s'])} | "
+                     f"{Summary(**s['ratio_by_ask'])} | {s['accepted_of_drafted']:.0%} | "
+                     f"{s['accepted_per_token']:.0%} |")
+    save(machine, "speculation", {"machine": machine, "result": result}, "\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    entry(main, measure)
