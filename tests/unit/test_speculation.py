@@ -89,6 +89,15 @@ def test_a_draft_is_as_long_as_pays_most_and_none_where_none_pays():
     assert best_draft(0.7, first_dear, MOST_DRAFTED) == 4  # ... and past 4 the graph's calls cost more again
 
 
+def test_in_a_batch_a_draft_must_also_pay_for_the_others_tokens():
+    cheap = linear(0.05)
+    assert best_draft(0.6, cheap, MOST_DRAFTED, rows=1) >= 3
+    assert best_draft(0.6, cheap, MOST_DRAFTED, rows=4) >= 1  # (4 + 0.6 + ...) / 1.05 > 4
+    dear = linear(0.15)
+    assert best_draft(0.6, dear, MOST_DRAFTED, rows=1) >= 2  # alone it pays ...
+    assert best_draft(0.6, dear, MOST_DRAFTED, rows=4) == 0  # ... in a batch of 4 it would slow the others more
+
+
 def test_costs_are_measured_per_place_and_length_against_a_plain_step_there():
     costs = Costs()
     assert costs.of(("half", 1)) is None  # nothing timed there yet: no draft
@@ -147,3 +156,16 @@ def test_no_draft_past_the_budget_and_none_at_all_when_off():
     off = Speculation(on=False)
     off.record(("d", 1), 0, 0.01)
     assert off.plan([Seq([1, 2, 3, 4, 5, 6], [1, 2])], lambda s: 50, ("d", 1)) is None
+
+
+def test_the_sequence_that_verified_keeps_the_turn_while_it_drafts():
+    """(The graph moves the verifying sequence into the batch's last slot: a copy.)"""
+    spec = Speculation(on=True)
+    where = ("d", 2)
+    spec.record(where, 0, 0.01)
+    first, second = Seq([1, 2, 3, 4, 5, 6], [1, 2]), Seq([7, 8, 9, 10, 11, 12], [7, 8])
+    chosen, _ = spec.plan([first, second], lambda s: 50, where)
+    other = second if chosen is first else first
+    for _ in range(5):
+        spec.verified(other, 2, 2)  # the other one would now pay more ...
+    assert spec.plan([first, second], lambda s: 50, where)[0] is chosen  # ... but the turn stays

@@ -8,8 +8,9 @@ It needs no draft model, and none smaller than these exists for the bundled fami
 
 Acceptance (``workers.generation.engine.Engine``) draws each position's token exactly as a
 plain step would, with the same processors and the same generator, and stops at the first
-that differs from the draft; so a seeded or greedy reply is the one speculation-off gives,
-up to the last-bit differences a call of several tokens may make (as a batch does). The
+that differs from the draft; so a seeded or greedy reply is the one speculation-off gives, up
+to how the decoder rounds a call of several tokens (the lean decoder in fp32: ~1e-5; the
+graph's int8 kernels: as for a batch, KL ~0.01 between the two, so a near tie may flip). The
 cache keeps only what was accepted (``KVCache.truncate``).
 
 Whether to draft, and how much, is a measured bet (``Speculation.plan``). A call that scores
@@ -17,9 +18,12 @@ k more tokens costs more than a plain step (on 2 cores of a Zen 4, the bundled m
 graph: 1.4x for k = 1, 1.6x for k = 4, 2.5x for k = 8); that cost ``r(k)`` is timed on this
 worker's own calls (``Costs``), and each sequence's chance that a drafted token is accepted,
 ``a``, is counted on its own verifications (``Odds``). A draft of k pays when
-``(1 + a + ... + a^k) / r(k) > 1``; the k that pays most is drafted, none where none pays. Misses lower ``a`` until drafting stops;
-while a sequence does not draft, its counts fade back toward even odds, so it tries again
-now and then (a paused plain chat probes rarely, a quoting reply keeps drafting).
+``(1 + a + ... + a^k) / r(k) > 1`` (in a batch of B: ``(B + a + ... + a^k) / r(k) > B``, the
+others' tokens waiting for the longer call too); the k that pays most is drafted, none where
+none pays.
+Misses lower ``a`` until drafting stops; while a sequence does not draft, its counts fade
+back toward even odds, so it tries again now and then (a paused plain chat probes rarely, a
+quoting reply keeps drafting).
 """
 
 from __future__ import annotations
@@ -127,11 +131,12 @@ def prior(k: int) -> float:
     return 1 + PRIOR_COST * k
 
 
-def best_draft(chance: float, ratios: list[float], most: int) -> int:
-    """The draft length, up to ``most``, with the most expected tokens per plain step's time
-    (``ratios[k]``: a call's cost with k drafted tokens): 0 where no draft beats a plain step,
-    which yields one token."""
-    best, best_gain, expected, odds = 0, 1.0, 1.0, 1.0
+def best_draft(chance: float, ratios: list[float], most: int, rows: int = 1) -> int:
+    """The draft length, up to ``most``, with the most tokens expected per plain step's time in
+    a call of ``rows`` sequences, one of them drafting (``ratios[k]``: the call's cost with k
+    drafted tokens): 0 where no draft beats a plain step, which yields ``rows`` tokens. In a
+    batch the others' tokens wait for the longer call too, so a draft must pay for theirs."""
+    best, best_gain, expected, odds = 0, float(rows), float(rows), 1.0
     for k in range(1, min(most, len(ratios) - 1) + 1):
         odds *= chance
         expected += odds
@@ -174,11 +179,13 @@ class Speculation:
         choice, best = None, 0.0
         for seq in sorted(live, key=lambda s: id(s) != self.last):
             draft = self._state(seq)
-            k = best_draft(draft.odds.chance, ratios, room(seq))
+            k = best_draft(draft.odds.chance, ratios, room(seq), len(live))
             if k and (proposal := draft.lookup.propose(k)):
                 gain = sum(draft.odds.chance ** i for i in range(1, len(proposal) + 1))
                 if gain > best:
                     choice, best = (seq, proposal), gain
+                if id(seq) == self.last:
+                    break  # it keeps the turn while it drafts
             else:
                 draft.odds.rest()
         if choice is not None:
