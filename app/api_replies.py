@@ -37,7 +37,8 @@ def usage(dones: list[Done]) -> dict:
     the conversation's own text (``workers.generation.speculation``) are reported as OpenAI
     reports a predicted output's: accepted, or rejected (verified, then thrown away)."""
     first, completion = dones[0].metrics, sum(d.metrics.completion_tokens for d in dones)
-    drafted, accepted = (sum(d.metrics.drafted_tokens for d in dones), sum(d.metrics.accepted_tokens for d in dones))
+    drafted = sum(d.metrics.drafted_tokens for d in dones)
+    accepted = sum(d.metrics.accepted_tokens for d in dones)
     return {
         "prompt_tokens": first.prompt_tokens,
         "completion_tokens": completion,

@@ -30,10 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from workers.generation.engine import Sequence
+from typing import Protocol
 
 NGRAMS = (4, 3, 2)  # the tail lengths looked up, longest first
 MOST_DRAFTED = 8  # most tokens drafted at once
@@ -155,6 +152,15 @@ class Draft:
     fed: int = 0  # how many of its generated tokens ``lookup`` holds
     drafted: int = 0  # tokens drafted and verified, for its metrics
     accepted: int = 0
+
+
+class Sequence(Protocol):
+    """What speculation reads and keeps of a ``workers.generation.engine.Sequence`` (declared
+    here, so that the engine imports this module and not the other way round)."""
+
+    prompt_ids: list[int]
+    generated: list[int]
+    draft: Draft | None
 
 
 class Speculation:
