@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speculation", choices=get_args(Speculation),
                    help="auto: draft tokens from the conversation's own text where measured to pay "
                         "(quotes, summaries, edits); off: one token per step")
+    p.add_argument("--reproducible", action="store_true", default=None,
+                   help="greedy and seeded replies the same whatever the load and the cached conversation "
+                        "(speculation off, prompts cut at fixed places; docs/design/reproducible.md)")
     p.add_argument("--system-prompt")
     p.add_argument("--cache-dir", help="where converted GGUF models and prepared weights are kept")
     p.add_argument("--log-level", choices=get_args(LogLevel))

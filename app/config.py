@@ -58,6 +58,7 @@ class AppConfig:
     kv_cache_mb: int
     kv_dtype: KvDtype
     speculation: Speculation
+    reproducible: bool
     system_prompt: str
     cache_dir: str
     hub_timeout_s: float
@@ -113,6 +114,9 @@ def validate(config: AppConfig) -> None:
         value = getattr(config, name)
         if value != "auto" and (not isinstance(value, int) or value < 1):
             raise ConfigError(f"{name} must be a positive integer or \"auto\", got {value!r}")
+    for name in ("oversubscribe", "share", "reproducible"):
+        if not isinstance(getattr(config, name), bool):
+            raise ConfigError(f"{name} must be true or false, got {getattr(config, name)!r}")
     if not 0 < config.port < 65536:
         raise ConfigError(f"port must be 1-65535, got {config.port}")
     if config.max_batch < 1:

@@ -8,6 +8,7 @@ from app.config import load_config
 from tests.asks import CAPITAL
 from tests.generation import generate, prefill_within_steps
 from workers.generation.engine import Engine
+from workers.generation.conversations import LEFT
 from workers.loading.load import load
 from workers.generation.prompt import PromptTooLong, encode_chat
 from workers.errors import InvalidInput
@@ -227,4 +228,4 @@ def test_cancelled_sequence_reports_real_metrics_and_keeps_its_cache(smol_engine
     assert end.reason is FinishReason.CANCELLED and end.metrics.completion_tokens == 6
     assert_metrics_are_the_replys_own_times(end.metrics, began, first_returned, last_called, ended)
     again, _ = smol_engine.start(prompt, SamplingParams(temperature=0.0, max_new_tokens=1), "user:c")
-    assert again.cached == len(prompt.ids) - 1  # the next turn finds the prompt in the kept cache
+    assert again.cached == len(prompt.ids) - LEFT  # the next turn finds the prompt in the kept cache, all but LEFT

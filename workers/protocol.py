@@ -58,6 +58,7 @@ class EngineConfig:
     kv_cache_bytes: int = 1024 * 2**20  # KV memory of live replies and kept conversations (workers.generation.conversations)
     repetition_window: int = 256  # how many recent ids repetition_penalty looks at
     speculation: str = "auto"  # "auto": prompt-lookup drafts where they pay; "off" (workers.generation.speculation)
+    reproducible: bool = False  # replies that do not depend on the load (workers.generation.reproducible)
 
 
 @dataclass(frozen=True)

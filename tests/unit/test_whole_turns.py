@@ -47,5 +47,5 @@ def test_a_message_that_begins_with_a_whole_earlier_one_reuses_none_of_it():
     longer = head + said + [45] + tail  # the earlier message, and one more token, as one message
     assert kept.lookup("client:a", None, longer, prompt_spans=((3, 7),))[1] == 3
     kept.keep("client:a", None, head + said + tail, Cache(8), ((3, 6),))  # (the lookup took it: keep it again)
-    assert kept.lookup("client:a", None, head + said + tail + [9], prompt_spans=((3, 6),))[1] == 8  # the same, whole
+    assert kept.lookup("client:a", None, head + said + tail + [9, 10], prompt_spans=((3, 6),))[1] == 8  # the same, whole
     assert whole_turns(6, ((3, 6),), ((3, 7),)) == 3 and whole_turns(6, ((3, 6),), ((3, 6),)) == 6

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 from workers.decoders.base import KVCache
 
+LEFT = 2  # prompt tokens never taken from a kept cache: one for the logits, and no call of one token
+# after others, which takes another attention kernel (workers.generation.reproducible)
 TAKE_SLACK = 8  # a kept cache at most this far past the matched prefix is taken, not copied (a reply re-tokenized)
 
 
@@ -68,8 +70,12 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 class Conversations:
     """Kept caches (least recently used first) and the bytes committed to live sequences."""
 
-    def __init__(self, new_cache: Callable[[], object], bytes_per_token: int, budget_bytes: int) -> None:
+    def __init__(self, new_cache: Callable[[], object], bytes_per_token: int, budget_bytes: int,
+                 reusable: Callable[[int], int] = int) -> None:
+        """``reusable``: how much of a matched prefix may be reused, where that is less than all of
+        it (``workers.generation.reproducible.Cuts.reusable``: up to a block boundary); default: all."""
         self.new_cache, self.bytes_per_token, self.budget_bytes = new_cache, bytes_per_token, budget_bytes
+        self.reusable = reusable
         self.kept: list[Kept] = []
         self.committed = 0  # bytes reserved by live sequences
 
@@ -114,8 +120,8 @@ class Conversations:
         for kept in self.kept if scope else ():
             if kept.scope != scope:
                 continue
-            shared = min(common_prefix(kept.ids, prompt_ids), len(prompt_ids) - 1)  # one token left, for the logits
-            n = whole_turns(shared, kept.spans, prompt_spans)
+            shared = min(common_prefix(kept.ids, prompt_ids), len(prompt_ids) - LEFT)
+            n = self.reusable(whole_turns(shared, kept.spans, prompt_spans))  # a function of a safe length: safe
             hinted = session_id is not None and kept.session_id == session_id
             if n > common or (n == common and n > 0 and hinted):
                 best, common = kept, n

@@ -40,6 +40,7 @@ from workers.generation.detokenize import IncrementalDetokenizer, StopStrings, T
 from workers.generation.grammar import Grammars
 from workers.generation.processors import LogitsProcessor, process, processors_for
 from workers.generation.prompt import Prompt, build_prompt
+from workers.generation.reproducible import Cuts, reproducible
 from workers.errors import InvalidInput
 from workers.protocol import ChatMessage, EngineConfig, FinishReason, Metrics, SamplingParams, TokenLogprob
 from workers.generation.sampling import logprobs, sample
@@ -100,13 +101,17 @@ class Engine:
     worker: int = -1  # named in each reply's metrics
 
     def __post_init__(self) -> None:
+        self.cuts = Cuts()  # how prompts are cut into calls, and what of a turn is kept
+        if self.config.reproducible:  # replies that do not depend on the load (workers.generation.reproducible)
+            self.decoder, self.cuts = reproducible(self.decoder)
         self.context_tokens = min(self.decoder.max_seq_len, self.config.max_context_tokens)
         self.conversations = Conversations(self.decoder.new_cache, self.decoder.kv_bytes_per_token,
-                                           self.config.kv_cache_bytes)
+                                           self.config.kv_cache_bytes, self.cuts.reusable)
         self.token_bytes = TokenBytes(self.tokenizer)
         self.vocab_size = len(self.tokenizer)
         self.grammars = Grammars(self.tokenizer, tuple(sorted(self.stop_ids)))
-        self.speculation = Speculation(self.config.speculation == "auto" and self.decoder.scores_positions)
+        self.speculation = Speculation(self.config.speculation == "auto" and not self.config.reproducible
+                                       and self.decoder.scores_positions)
 
     def check(self, params: SamplingParams) -> None:
         """Refuse what only this model can tell is wrong: a ``logit_bias`` token id outside its
@@ -264,10 +269,10 @@ class Engine:
         """The most tokens ``seq`` may draft: each accepted one, and the one after, are new tokens."""
         return seq.budget - len(seq.generated) - 1
 
-    @staticmethod
-    def _next_chunk(seq: Sequence, max_tokens: int | None) -> list[int]:
-        """Take the next ``max_tokens`` (default: all) prompt tokens still to prefill."""
-        n = len(seq.pending) if max_tokens is None else max(1, max_tokens)
+    def _next_chunk(self, seq: Sequence, max_tokens: int | None) -> list[int]:
+        """Take the next ``max_tokens`` (default: all) prompt tokens still to prefill, or where
+        prompts are cut at fixed places, the rest of the block (``Cuts.chunk``)."""
+        n = self.cuts.chunk(seq.cache.length, len(seq.pending) if max_tokens is None else max_tokens, len(seq.pending))
         chunk, seq.pending = seq.pending[:n], seq.pending[n:]
         return chunk
 
@@ -311,7 +316,7 @@ class Engine:
         seq.reason = reason
         self.conversations.release(seq.kv_bytes)
         seq.kv_bytes = 0  # released once, whatever happens next
-        in_cache = (seq.prompt_ids + seq.generated)[: seq.cache.length]
+        in_cache = (seq.prompt_ids + seq.generated)[: self.cuts.kept(len(seq.prompt_ids), seq.cache.length)]
         reply = ((len(seq.prompt_ids), len(in_cache)),)  # reusable whole or not at all, like a message
         self.conversations.keep(seq.scope, seq.session_id, in_cache, seq.cache,  # a stopped turn's is useful too
                                 seq.prompt_spans + reply)
