@@ -195,13 +195,17 @@ class Engine:
 
     @torch.no_grad()
     def prefill(self, seq: Sequence, max_tokens: int | None = None, decoder: Decoder | None = None) -> Step | None:
-        """Prefill up to ``max_tokens`` (default: all) of the prompt, on ``decoder`` (default: the
-        engine's; e.g. one of ``Decoder.halves``); once it is all in the cache, sample the first token
-        and return its step."""
+        """Prefill up to ``max_tokens`` (default: all, in as many calls as ``Cuts`` makes) of the
+        prompt, on ``decoder`` (default: the engine's; e.g. one of ``Decoder.halves``); once it is all
+        in the cache, sample the first token and return its step."""
         if not seq.pending:
             return None
-        logits = (decoder or self.decoder).forward(torch.tensor(self._next_chunk(seq, max_tokens)), seq.cache,
-                                                   logits=not seq.pending)  # [V]
+        logits = None
+        for _ in range(len(seq.pending) if max_tokens is None else 1):
+            logits = (decoder or self.decoder).forward(torch.tensor(self._next_chunk(seq, max_tokens)), seq.cache,
+                                                       logits=not seq.pending)  # [V]
+            if not seq.pending:
+                break
         return None if seq.pending else self._take(seq, logits)
 
     @torch.no_grad()

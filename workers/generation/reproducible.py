@@ -22,10 +22,10 @@ bundled model, int8, Zen 3):
 Other CPUs' kernels may differ, so what this CPU's do is measured when the engine starts
 (``workers.decoders.invariance``), and this mode takes the least it needs (``reproducible``):
 speculation off and replies not reused, always; where batched rows differ from rows alone,
-each sequence in a call of its own (``workers.decoders.row_by_row``); where a prompt cut in
-two differs from the same prompt in one call, every call prefills the rest of one
-``BLOCK``-aligned block, whatever the scheduler asked for, and kept caches are reused to a
-block boundary only. The two-token rule (``Cuts.chunk``, and
+each sequence in a call of its own (``workers.decoders.separate.RowByRow``); where a prompt
+cut in two differs from the same prompt in one call, every call prefills the rest of one
+``BLOCK``-aligned block, whatever the scheduler asked for, never inside a decode call
+(``Unfused``), and kept caches are reused to a block boundary only. The two-token rule (``Cuts.chunk``, and
 ``workers.generation.conversations.LEFT``) holds in every mode: it costs nothing.
 
 What it costs is measured in ``benchmarks/reproducible_bench.py``.
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from workers.decoders.base import Decoder
 from workers.decoders.invariance import probe
-from workers.decoders.row_by_row import RowByRow
+from workers.decoders.separate import RowByRow, Unfused
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,13 @@ class Cuts:
 def reproducible(decoder: Decoder) -> tuple[Decoder, Cuts]:
     """The decoder to step with and the cuts to prefill with, so that no reply depends on the load."""
     found = probe(decoder)
-    log.info("reproducible: batched rows %s rows alone, a prompt cut in two %s it in one call: %s",
-             "equal" if found.rows else "differ from", "equals" if found.cuts else "differs from",
-             "batching kept" if found.rows else "each reply stepped in a call of its own (aggregate speed: one reply's)")
-    return (decoder if found.rows else RowByRow(decoder)), Cuts(1 if found.cuts else BLOCK, keep_replies=False)
+    log.info("reproducible: batched rows %s rows alone (%s); a prompt cut in two %s it in one call (%s)",
+             "equal" if found.rows else "differ from",
+             "batching kept" if found.rows else "each reply stepped in a call of its own: aggregate speed one reply's",
+             "equals" if found.cuts else "differs from",
+             "cut anywhere" if found.cuts else f"cut at every {BLOCK} positions, never in a decode call")
+    if not found.rows:
+        decoder = RowByRow(decoder)
+    elif not found.cuts and decoder.fuses_chunks:
+        decoder = Unfused(decoder)
+    return decoder, Cuts(1 if found.cuts else BLOCK, keep_replies=False)
