@@ -211,7 +211,8 @@ def test_a_prompt_prefilled_within_the_others_decode_steps_changes_no_answer(smo
     alone = [run(smol_engine, p, params)[0] for p in prompts[:-1]] + [generate(smol_engine, prompts[-1], params,
                                                                                 chunk_tokens=7)[0]]
     together, calls = prefill_within_steps(smol_engine, prompts, params, chunk_tokens=7)
-    assert calls == -(-len(prompts[-1].ids) // 7)
+    n = len(prompts[-1].ids)
+    assert calls == (n // 7 if n % 7 == 1 else -(-n // 7))  # a last token alone rides with the chunk before
     assert [t.strip() for t in together] == [a.strip() for a in alone]
 
 
