@@ -24,7 +24,7 @@ CUT = 13  # where ``CHUNK`` is cut in two
 
 @dataclass(frozen=True)
 class Invariance:
-    rows: bool  # batched rows (and a chunk beside them) get the bits each gets alone
+    rows: bool  # batched rows (beside a prompt chunk too) get the bits each gets alone
     cuts: bool  # a prompt cut in two calls, or riding in a decode call, gets the bits it gets in one
 
 

@@ -200,13 +200,11 @@ class Engine:
         in the cache, sample the first token and return its step."""
         if not seq.pending:
             return None
-        logits = None
-        for _ in range(len(seq.pending) if max_tokens is None else 1):
-            logits = (decoder or self.decoder).forward(torch.tensor(self._next_chunk(seq, max_tokens)), seq.cache,
-                                                       logits=not seq.pending)  # [V]
-            if not seq.pending:
-                break
-        return None if seq.pending else self._take(seq, logits)
+        while True:
+            chunk = torch.tensor(self._next_chunk(seq, max_tokens))
+            logits = (decoder or self.decoder).forward(chunk, seq.cache, logits=not seq.pending)  # [V]
+            if not seq.pending or max_tokens is not None:
+                return None if seq.pending else self._take(seq, logits)
 
     @torch.no_grad()
     def step(self, seqs: list[Sequence], chunk_of: Sequence | None = None,
@@ -276,7 +274,8 @@ class Engine:
     def _next_chunk(self, seq: Sequence, max_tokens: int | None) -> list[int]:
         """Take the next ``max_tokens`` (default: all) prompt tokens still to prefill, or where
         prompts are cut at fixed places, the rest of the block (``Cuts.chunk``)."""
-        n = self.cuts.chunk(seq.cache.length, len(seq.pending) if max_tokens is None else max_tokens, len(seq.pending))
+        wanted = len(seq.pending) if max_tokens is None else max_tokens
+        n = self.cuts.chunk(seq.cache.length, wanted, len(seq.pending))
         chunk, seq.pending = seq.pending[:n], seq.pending[n:]
         return chunk
 

@@ -10,23 +10,26 @@ bundled model, int8, Zen 3):
 - a row's logits are the same to the bit whether it is stepped alone or in a batch of four,
   on two threads or one (the int8 matmuls quantize and sum each row on its own);
 - a prompt's are the same whether it is prefilled in one call or after a prefix already in
-  the cache, as long as each call has two tokens or more: attention over a single new token
-  takes another kernel (onnxruntime's one-row GEMM), and its last position then differed
-  by up to 0.75 in a logit;
-- so what the load changed was how a prompt is cut into calls (a prompt beside others is cut
-  in 64-token pieces, alone by the time its calls take), which of a conversation's tokens
-  come from a kept cache (a reply's keys and values were written a token at a time, the same
-  text in a later prompt is prefilled several at a time), and speculation (drafted tokens are
-  scored as several positions in one call, where plain steps score one).
+  the cache, as long as each call has two tokens or more (attention over a single new token
+  takes another kernel, onnxruntime's one-row GEMM: its last position then differed by up
+  to 0.75 in a logit) and every call stays on the int8 graph: where the engine sends calls
+  of ``PREFILL_FROM_ROWS`` tokens or more to the graph's fp32 twin (chosen on this CPU), a
+  call's size picks the graph;
+- so what the load changed was how a prompt is cut into calls (beside others in 64-token
+  pieces or riding in a decode call, alone by the time its calls take), which of a
+  conversation's tokens come from a kept cache (a reply's keys and values were written a
+  token at a time, the same text in a later prompt is prefilled several at a time), and
+  speculation (drafted tokens are scored as several positions in one call).
 
 Other CPUs' kernels may differ, so what this CPU's do is measured when the engine starts
 (``workers.decoders.invariance``), and this mode takes the least it needs (``reproducible``):
 speculation off and replies not reused, always; where batched rows differ from rows alone,
 each sequence in a call of its own (``workers.decoders.separate.RowByRow``); where a prompt
 cut in two differs from the same prompt in one call, every call prefills the rest of one
-``BLOCK``-aligned block, whatever the scheduler asked for, never inside a decode call
-(``Unfused``), and kept caches are reused to a block boundary only. The two-token rule (``Cuts.chunk``, and
-``workers.generation.conversations.LEFT``) holds in every mode: it costs nothing.
+``BLOCK``-aligned block, whatever the scheduler asked for (its chunk sizes are then moot),
+never inside a decode call (``Unfused``), and kept caches are reused to a block boundary
+only. The two-token rule (``Cuts.chunk``, ``workers.generation.conversations.LEFT``) holds in
+every mode: it costs nothing.
 
 What it costs is measured in ``benchmarks/reproducible_bench.py``.
 """
@@ -67,14 +70,15 @@ class Cuts:
         return pending if pending - n == 1 else n
 
     def reusable(self, length: int) -> int:
-        """How much of a ``length``-token prefix in a kept cache may be reused: to a block boundary."""
+        """How much of a ``length``-token prefix in a kept cache may be reused: to a block boundary.
+        (Kept and matched whole: a prompt matched on a cache cut to a block would seem to share
+        only part of a message, and reuse nothing of it: ``conversations.whole_turns``.)"""
         return length // self.block * self.block
 
     def kept(self, prompt_tokens: int, cached_tokens: int) -> int:
         """How much of a finished turn's cache to keep: all of it, or its prompt's (a reply's keys
         and values were written a token at a time, not as the same text in a prompt is)."""
-        return cached_tokens if self.keep_replies else min(cached_tokens, prompt_tokens)  # matched whole, reused
-        # to a block boundary (``reusable``): matched on less, a prompt's whole message would look cut short
+        return cached_tokens if self.keep_replies else min(cached_tokens, prompt_tokens)
 
 
 def reproducible(decoder: Decoder) -> tuple[Decoder, Cuts]:

@@ -66,25 +66,26 @@ def is_ort_model(path: str | None) -> bool:
     return bool(path) and (Path(path) / GRAPH).is_file()
 
 
-def build(model_path: str, cache_dir: Path) -> Path:
-    """The mixed onnxruntime graph of ``model_path`` (int8 weights in blocks of 32), built once."""
+def build(model_path: str, cache_dir: Path, options: tuple[str, ...] = BUILD_OPTIONS) -> Path:
+    """The mixed onnxruntime graph of ``model_path`` (int8 weights in blocks of 32), built once;
+    ``options``: the builder's others (e.g. 4-bit weights: ``benchmarks/int4_bench.py``)."""
     from workers.decoders.lean.weights import weights_stamp
 
     config = (Path(model_path) / "config.json").read_text()
-    key = hashlib.sha256(";".join([config, weights_stamp(model_path), *BUILD_OPTIONS, GRAPH_VERSION,
+    key = hashlib.sha256(";".join([config, weights_stamp(model_path), *options, GRAPH_VERSION,
                                    metadata.version("onnxruntime-genai")]).encode()).hexdigest()[:12]
     out = cache_dir / "ort-genai" / f"{Path(model_path).name}-{key}"
     if is_ort_model(str(out)):
         return out
-    log.info("Building the onnxruntime graph of %s (int8, once)", model_path)
+    log.info("Building the onnxruntime graph of %s (%s, once)", model_path, options[1])
     with publishing(out, directory=True) as building:
-        _build_into(building, model_path)
+        _build_into(building, model_path, options)
     return out
 
 
-def _build_into(building: Path, model_path: str) -> None:
+def _build_into(building: Path, model_path: str, options: tuple[str, ...]) -> None:
     done = subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", model_path,
-                           "-o", str(building), "-c", str(building / "hub"), *BUILD_OPTIONS],
+                           "-o", str(building), "-c", str(building / "hub"), *options],
                           capture_output=True, text=True, check=False)
     if done.returncode != 0 or not (building / MARKER).is_file():
         raise RuntimeError(f"onnxruntime-genai could not build {model_path}: {done.stderr.strip()[-2000:]}")
