@@ -221,6 +221,11 @@ def test_tokens_stream_in_and_stop_frees_the_worker(app, page):
     page.locator("button.stop-button").click()
     idle_after_s, poll_s = wait_all_idle(app)
     before = last_reply(page)
+    for _ in range(10):  # tokens sent before the Stop may still be on their way to the page (≤ 5 s)
+        time.sleep(0.5)
+        if (now := last_reply(page)) == before:
+            break
+        before = now
     time.sleep(1.0)
     after = last_reply(page)
     page.screenshot(path=OUTPUT / "3-stopped.png", full_page=True)

@@ -7,6 +7,7 @@ import pytest
 from app.config import load_config
 from tests.asks import CAPITAL
 from tests.generation import generate, prefill_within_steps
+from workers.decoders.invariance import probe
 from workers.generation.engine import Engine
 from workers.generation.conversations import LEFT
 from workers.loading.load import load
@@ -204,7 +205,12 @@ def test_a_prompt_prefilled_within_the_others_decode_steps_changes_no_answer(smo
     tokens through the matmuls, each sequence attending over its own cache. Each reply is
     compared with itself alone, the late one's prompt prefilled in the same 7-token chunks: a prompt in
     one piece takes the kernel's prefill path (fp32 activations for int8-ort, measured
-    fastest on Zen 5), whose last-bit differences resolve a near-tie 20 tokens on otherwise."""
+    fastest on Zen 5), whose last-bit differences resolve a near-tie 20 tokens on otherwise.
+
+    Where the kernels give a row other last bits in a bigger call (``invariance.probe``: on Zen 5
+    every lean kernel does), a near-tie may still flip late in a reply ("flows through the
+    earth" against "the heart of the world", int8pack-bf16): then each reply's first eight
+    words must agree, which a chunk attending to the wrong cache or position would not."""
     params = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=24)
     prompts = [smol_engine.prompt([ChatMessage("user", q)], 24) for q in
                (CAPITAL, "Name three colours.", "Please say, in one short sentence, what a river is.")]
@@ -213,7 +219,10 @@ def test_a_prompt_prefilled_within_the_others_decode_steps_changes_no_answer(smo
     together, calls = prefill_within_steps(smol_engine, prompts, params, chunk_tokens=7)
     n = len(prompts[-1].ids)
     assert calls == (n // 7 if n % 7 == 1 else -(-n // 7))  # a last token alone rides with the chunk before
-    assert [t.strip() for t in together] == [a.strip() for a in alone]
+    if probe(smol_engine.decoder).rows:
+        assert [t.strip() for t in together] == [a.strip() for a in alone]
+    else:
+        assert [t.split()[:8] for t in together] == [a.split()[:8] for a in alone]
 
 
 def test_cancelled_sequence_reports_real_metrics_and_keeps_its_cache(smol_engine):
