@@ -5,7 +5,7 @@ When a prompt arrives while a reply decodes, the worker seats the prompt's cache
 reply's (``OrtDecoder.seat``), on the batch's thread. Until this benchmark's change the
 caches of kept conversations still sitting in the batch's previous arena were first moved
 out, each into an array of its own (fresh pages): that copy came between two of the reply's
-tokens. Now they stay where they are (``workers.decoders.ort.decoder.Arena``). Both ways run
+tokens. Now they stay where they are (``workers.decoders.ort.cache.Arena``). Both ways run
 alternately in one process ("moved out" by a wrapper doing what the removed
 ``Arena.release`` did), each round a fresh batch in the same engine, so that the kept
 conversations of the rounds before are there, as in a server: a reply decodes 30 tokens,

@@ -131,7 +131,7 @@ class PromptApart:
 
     def __init__(self, engine: Engine, seq: Sequence) -> None:
         self.engine, self.seq, self.crowded = engine, seq, True
-        seq.cache.held = True  # its slot is not given back meanwhile (workers.decoders.ort.decoder.OrtCache)
+        seq.cache.held = True  # its slot is not given back meanwhile (workers.decoders.ort.cache.OrtCache)
         self.first: Step | None = None  # the first token's step, once prefilled
         self.error: Exception | None = None
         self.stop: Stopped | None = None
