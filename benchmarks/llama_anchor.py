@@ -5,9 +5,9 @@ llama.cpp's ``llama-server`` is what users of this field run instead (Ollama run
 it is the anchor the app's speed is read against. It is never a dependency of the app or its
 tests: this module builds it for itself, once, into ``~/.cache/chat-bench/llama.cpp``:
 
-- ``llama-server`` and ``llama-quantize`` from llama-cpp-python's source package (its sdist
-  vendors llama.cpp under ``vendor/llama.cpp``), fetched with ``pip download --no-binary :all:``,
-  built with cmake (``-DGGML_NATIVE=ON``: for this CPU), ~15-40 min on 2 shared cores;
+- ``llama-server``, ``llama-quantize`` and ``llama-perplexity`` from llama-cpp-python's source
+  package (its sdist vendors llama.cpp under ``vendor/llama.cpp``), fetched with ``pip download
+  --no-binary :all:``, built with cmake (``-DGGML_NATIVE=ON``: for this CPU), ~15-40 min on 2 shared cores;
 - GGUF files of the checkpoints the benchmark serves: the Qwen1.5-0.5B shape
   (``benchmarks.qwen_shape``, random weights) and the bundled SmolLM2-135M (its converted
   safetensors), each converted with llama.cpp's own ``convert_hf_to_gguf.py`` to bf16, then
@@ -18,9 +18,10 @@ Then, per model, the app (its defaults: the engine and kernels it measures) and 
 ``llama-server -t 2 -tb 2 -np 4 -c 8192`` per GGUF run side by side on 127.0.0.1, and the
 same client (``benchmarks.serve_bench.chat_stream``) measures each in turn, alternating within
 every round: time to first token and decode tok/s of one stream, aggregate tok/s of 2 and 4
-streams, distinct ~70-token prompts, greedy, 64 tokens each. Results go to
-``benchmarks/results/<CPU class>/anchor.{md,json}``, every figure a median (min–max) over the
-rounds, each row with the app's ratio to each llama-server in the same run.
+streams, distinct ~70-token prompts, greedy, 64 tokens each. With ``--int4`` the app runs a
+second time with ``--quantize int4``, its speed read against the 4-bit files (Q4_K_M, Q4_1).
+Results go to ``benchmarks/results/<CPU class>/anchor.{md,json}``, every figure a median
+(min–max) over the rounds, each row with the app's ratio to each llama-server in the same run.
 
 Greedy decoding must not stop early on a stop token or print nothing: the same ``logit_bias``
 goes to every server (OpenAI's field, which both take): for the bundled model, its stop tokens
@@ -56,6 +57,7 @@ LLAMA = HOME / "llama.cpp"  # sdist/, llama_cpp_python-<v>/ (the source), build/
 GGUF = HOME / "gguf"
 SERVER_ARGS = ("-t", "2", "-tb", "2", "-np", "4", "-c", "8192")
 QUANTS = ("Q8_0", "Q4_K_M")
+TOOLS = ("llama-server", "llama-quantize", "llama-perplexity")  # perplexity: benchmarks.int4_bench
 MAX_TOKENS = 64
 STREAMS = (2, 4)
 ONE_STREAM_REQUESTS = 2  # per round: each gives a TTFT and a decode rate
@@ -83,8 +85,8 @@ def llama_source(home: Path = LLAMA) -> Path:
 
 
 def build_llama(home: Path = LLAMA) -> dict[str, Path]:
-    """``llama-server`` and ``llama-quantize``, built once (kept in ``home/build/bin``)."""
-    bins = {name: home / "build" / "bin" / name for name in ("llama-server", "llama-quantize")}
+    """llama.cpp's tools the benchmarks use, built once (kept in ``home/build/bin``)."""
+    bins = {name: home / "build" / "bin" / name for name in TOOLS}
     if all(path.is_file() for path in bins.values()):
         return bins
     src = llama_source(home)
@@ -94,7 +96,7 @@ def build_llama(home: Path = LLAMA) -> dict[str, Path]:
     if not (shutil.which("c++") or shutil.which("g++")):
         raise SystemExit("llama.cpp needs a C++ compiler: apt-get install g++")
     generator = ("-G", "Ninja") if shutil.which("ninja") or Path(sys.executable).with_name("ninja").exists() else ()
-    print(f"llama.cpp: building llama-server and llama-quantize in {home / 'build'} (once; minutes) ...", flush=True)
+    print(f"llama.cpp: building {', '.join(TOOLS)} in {home / 'build'} (once; minutes) ...", flush=True)
     subprocess.run([cmake, "-S", str(src), "-B", str(home / "build"), *generator, *CMAKE_FLAGS], check=True)
     subprocess.run([cmake, "--build", str(home / "build"), "-j", str(os.cpu_count() or 2),
                     "--target", *bins], check=True)
@@ -191,13 +193,16 @@ def start_llama(server: Path, gguf: Path, name: str, log: Path, timeout_s: float
     raise TimeoutError(f"llama-server not ready after {timeout_s} s:\n{log.read_text()[-3000:]}")
 
 
-def start_this_app(tmp: Path, model: str) -> Server:
-    app = start_app(tmp, "--model", model, "--log-level", "warning", ready_timeout_s=3600)
+def start_this_app(tmp: Path, model: str, flags: tuple[str, ...] = ()) -> Server:
+    """The app on its defaults and ``flags``, logging into its own folder of ``tmp``."""
+    name = " ".join(("this app", *flags))
+    (where := tmp / name.replace(" ", "_")).mkdir()
+    app = start_app(where, "--model", model, "--log-level", "warning", *flags, ready_timeout_s=3600)
     health = app.health()
     about = {"engine": (health.get("engine") or {}).get("engine"),
              "serving": [w.get("kernels") for w in health["workers"]],
              "workers": len(health["workers"]), "threads": [w.get("threads") for w in health["workers"]]}
-    return Server("this app", app.url, app.stop, about)
+    return Server(name, app.url, app.stop, about)
 
 
 # --- what every server is asked --------------------------------------------------------
@@ -298,6 +303,14 @@ def paired_ratio(app_runs: list[dict], other_runs: list[dict], key: str) -> dict
 # --- the run -------------------------------------------------------------------------
 
 
+def compared(app: str, server: str) -> bool:
+    """Which servers an app's speed is read against: the app on its defaults against every
+    llama-server, with ``--quantize int4`` against llama.cpp's 4-bit files."""
+    if not server.startswith("llama-server"):
+        return False
+    return "int4" not in app or "Q4" in server
+
+
 def cpu_family_model() -> str:
     """``family F, model M`` as lscpu prints them (the CPU's name alone says "AMD EPYC" for several)."""
     fields = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in
@@ -312,7 +325,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--models", default="qwen-shape,bundled", help="comma-separated: qwen-shape, bundled")
+    p.add_argument("--int4", action="store_true", help="also the app with --quantize int4, read against "
+                   "llama.cpp's 4-bit files")
     args = p.parse_args(argv)
+    apps = [(), ("--quantize", "int4")] if args.int4 else [()]
     machine = {**_machine(), "family_model": cpu_family_model()}
     tools = build_llama()
     src = llama_source()
@@ -340,8 +356,10 @@ def main(argv: list[str] | None = None) -> int:
         bias = biases(model["dir"], model["random"])
         print(f"anchor: {model['title']}: the app and {len(ggufs)} llama-server(s) ...", flush=True)
         with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
-            servers = [start_this_app(Path(tmp), model["dir"])]
-            stack.callback(servers[0].stop)
+            servers = []
+            for flags in apps:
+                servers.append(start_this_app(Path(tmp), model["dir"], flags))
+                stack.callback(servers[-1].stop)
             for name, gguf in ggufs.items():
                 servers.append(start_llama(tools["llama-server"], gguf, name, Path(tmp) / f"{gguf.stem}.log"))
                 stack.callback(servers[-1].stop)
@@ -350,9 +368,10 @@ def main(argv: list[str] | None = None) -> int:
             load.append(os.getloadavg()[0])
         first_prompt += 1000
         summary = {name: summarize(runs) for name, runs in raw.items()}
-        ratios = {name: {k: paired_ratio(raw["this app"], runs, k)
-                         for k in ("ttft_ms", "decode_tok_s", *(f"aggregate_{n}_tok_s" for n in STREAMS))}
-                  for name, runs in raw.items() if name != "this app"}
+        ratios = {app.name: {name: {k: paired_ratio(raw[app.name], runs, k)
+                                    for k in ("ttft_ms", "decode_tok_s", *(f"aggregate_{n}_tok_s" for n in STREAMS))}
+                             for name, runs in raw.items() if compared(app.name, name)}
+                  for app in servers[: len(apps)]}
         report["models"][key] = {"title": model["title"], "servers": {s.name: s.about for s in servers},
                                  "load_average_before_after": load,
                                  "raw": raw, "summary": summary, "app_over": ratios}
@@ -368,7 +387,8 @@ def markdown(report: dict) -> str:
              f"CPU: {m['cpus']} ({m['family_model']}; {m['cores']} cores), flags {' '.join(m['flags'])}. "
              f"Class: {m['cpu_class']}.",
              f"llama.cpp: {ll['version']}, built from {ll['from']} ({' '.join(ll['cmake'])}), served as "
-             f"`llama-server -m X.gguf {ll['server_args']}`. The app: its defaults (`--model DIR`).",
+             f"`llama-server -m X.gguf {ll['server_args']}`. The app: its defaults (`--model DIR`); "
+             "`--quantize int4`: the same with the graph's 4-bit weights, read against llama.cpp's 4-bit files.",
              f"One client for all (`benchmarks.serve_bench.chat_stream`): distinct prompts, greedy, {c['max_tokens']} "
              f"tokens each; per round {c['one_stream_requests_per_round']} single streams (TTFT, decode), then "
              f"{' and '.join(map(str, c['streams']))} streams at once (aggregate); {c['rounds']} rounds, the servers' "
@@ -377,27 +397,33 @@ def markdown(report: dict) -> str:
              "is faster (TTFT: their time over the app's).", ""]
     for model in report["models"].values():
         names = list(model["summary"])
-        others = names[1:]
         app = model["summary"]["this app"]
+        pairs = [(a, o) for a, over in model["app_over"].items() for o in over]
         lines += [f"## {model['title']}", "",
-                  "| | " + " | ".join(names) + " | " + " | ".join(f"app ÷ {n.replace('llama-server', '').strip(' ,')}"
-                                                                  for n in others) + " |",
-                  "|---|" + "---|" * (len(names) + len(others))]
+                  "| | " + " | ".join(names) + " | " + " | ".join(f"{short(a, 'app')} ÷ {short(o, '')}"
+                                                                  for a, o in pairs) + " |",
+                  "|---|" + "---|" * (len(names) + len(pairs))]
         rows = [("time to first token, ms", "ttft_ms", 0), ("decode, 1 stream, tok/s", "decode_tok_s", 1),
                 *((f"aggregate, {n} streams, tok/s", f"aggregate_{n}_tok_s", 1) for n in STREAMS)]
         for label, key, digits in rows:
             lines.append(f"| {label} | " + " | ".join(fmt(model["summary"][n][key], digits) for n in names) + " | "
-                         + " | ".join(fmt(model["app_over"][n][key], 2) + "×" for n in others) + " |")
-        about = model["servers"]["this app"]
+                         + " | ".join(fmt(model["app_over"][a][o][key], 2) + "×" for a, o in pairs) + " |")
+        served = " ".join(f"{'The app' if n == 'this app' else short(n, '')} served on: "
+                          f"{'; '.join(filter(None, about['serving']))} ({about['workers']} worker(s), threads "
+                          f"{about['threads']})." for n, about in model["servers"].items() if n.startswith("this app"))
         lines += ["", f"Prompt tokens per request {fmt(app['prompt_tokens'], 0)}; tokens per reply, all servers: "
                       + ", ".join(f"{n} {fmt(model['summary'][n]['tokens_per_reply'], 0)}" for n in names) + ".",
-                  f"The app served on: {'; '.join(filter(None, about['serving']))} "
-                  f"({about['workers']} worker(s), threads {about['threads']}). The machine's load average "
+                  f"{served} The machine's load average "
                   f"(1 min) before and after: {model['load_average_before_after'][0]:.1f}, "
                   f"{model['load_average_before_after'][1]:.1f}. GGUF sizes: "
                   + ", ".join(f"{s['gguf']} {s['gguf_mb']} MB" for n, s in model["servers"].items() if "gguf" in s)
                   + ".", ""]
     return "\n".join(lines)
+
+
+def short(name: str, empty: str) -> str:
+    """A column's server without "this app" or "llama-server": ``empty`` where nothing is left."""
+    return name.replace("this app", "").replace("llama-server", "").strip(" ,") or empty
 
 
 if __name__ == "__main__":
