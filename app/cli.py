@@ -35,7 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="allow workers × threads above the physical core count")
     p.add_argument("--dtype", choices=get_args(Dtype))
     p.add_argument("--quantize", choices=get_args(Quantize),
-                   help="int8: int8 weights allowed where measured fastest (+<=2%% perplexity); none: exact")
+                   help="int8: int8 weights allowed where measured fastest (+<=2%% perplexity); int4: the "
+                        "onnxruntime graph's 4-bit weights, faster, perplexity rise measured and printed; "
+                        "none: exact")
     p.add_argument("--kernel", help="auto: the linear kernel measured fastest on this CPU; or force one: "
                                     "fp32, bf16, fp16-fbgemm, int8pack-bf16, int8pack-fp32, int8-ort")
     p.add_argument("--engine", choices=get_args(Engine),

@@ -27,7 +27,8 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.t
 
 
 Dtype = Literal["auto", "bfloat16", "float32"]  # "auto": the measured kernel's compute dtype
-Quantize = Literal["int8", "none"]  # "int8": int8 weights allowed where measured fastest
+Quantize = Literal["int8", "int4", "none"]  # "int8": int8 weights allowed where measured fastest;
+# "int4": the onnxruntime graph's 4-bit weights (opt-in: faster, its perplexity rise measured at start)
 Engine = Literal["auto", "lean", "ort", "hf"]  # "auto": lean or ort, measured; "hf": transformers (any model)
 KvDtype = Literal["auto", "float32", "bfloat16", "float16", "int8"]  # the KV cache's; "auto": measured
 Speculation = Literal["auto", "off"]  # prompt-lookup drafts: "auto": where measured to pay (workers.generation.speculation)
@@ -136,3 +137,5 @@ def validate(config: AppConfig) -> None:
                           ("speculation", get_args(Speculation))):
         if getattr(config, name) not in choices:
             raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {getattr(config, name)!r}")
+    if config.quantize == "int4" and config.engine not in ("auto", "ort"):
+        raise ConfigError(f"quantize int4 runs on the onnxruntime graph (engine auto or ort), not engine {config.engine}")

@@ -53,6 +53,8 @@ EN = {
     "model_line": "Model: **{name}** — {reason}",
     "kernels": "Kernels: decode {decode}{speed}, prefill {prefill} ({why})",
     "kernel_speed": " at {gbps:.0f} GB/s",
+    "quality": "Weights: 4-bit (`--quantize int4`), perplexity {graph:.2f} against {reference:.2f} in float32 "
+               "(**{percent:+.1f}%**), measured here on {tokens} tokens",
     "engine": "Engine: {name}, measured faster here",
     "engine_lean": "the lean decoder", "engine_ort": "the onnxruntime graph",
     "engine_table": "| engine | prefill of {rows} tokens | a decode step | a step of the full batch |",
@@ -108,6 +110,8 @@ ZH = {
     "model_line": "模型：**{name}** — {reason}",
     "kernels": "计算内核：解码 {decode}{speed}，预填充 {prefill}（{why}）",
     "kernel_speed": "（{gbps:.0f} GB/s）",
+    "quality": "权重：4 位（`--quantize int4`），困惑度 {graph:.2f}，float32 为 {reference:.2f}"
+               "（**{percent:+.1f}%**），在本机用 {tokens} 个 token 实测",
     "engine": "推理引擎：{name}，在本机实测更快",
     "engine_lean": "精简解码器", "engine_ort": "onnxruntime 计算图",
     "engine_table": "| 引擎 | 预填充 {rows} 个 token | 单个解码步 | 满批次的一步 |",

@@ -103,6 +103,9 @@ def worker_panel(lang: str, dispatcher: Dispatcher, startup: Startup) -> str:
         lines += [*engine_lines(lang, startup.engine, packed), ""]
     if startup.kernels and not (startup.engine and startup.engine.engine != "lean"):  # the kernels serve
         lines += [kernel_line(lang, startup.kernels) + ("" if startup.engine else packed), ""]
+    if startup.quality:
+        q = startup.quality
+        lines += [text(lang, "quality", graph=q.graph, reference=q.reference, percent=q.percent, tokens=q.tokens), ""]
     lines += [text(lang, "table"), "|---|---|---|---|---|---|---|---|---|---|---|"]
     for w in dispatcher.snapshot():
         now, last = w.current_tokens_per_s, w.tokens_per_s  # last is 0 after a Stop: no decode rate

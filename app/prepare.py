@@ -5,6 +5,7 @@ each stage so the page can say what is happening:
 
     resolve the model (cache, hub, GGUF conversion, or the bundled fallback)
       → which engines may serve it (``eligible_engines``: the flags and the architecture)
+      → ``--quantize int4``: the graph with 4-bit weights, its perplexity rise measured (once; cached)
       → measure the linear kernels on this CPU (once; cached) and pick one
       → prepare the lean decoder's weights for it (once; cached)
       → where the onnxruntime graph is eligible too: build it, time both engines in a pinned
@@ -39,8 +40,9 @@ def eligible_engines(engine: str, lean_supported: bool, quantize: str, dtype: st
     architecture: more than one is measured, the first serving where the others cannot be had.
 
     The graph runs int8 throughout, so it competes only where the flags leave every choice to
-    measurement (``--quantize int8 --dtype auto --kernel auto``); ``--engine ort`` forces it."""
-    if engine == "ort":
+    measurement (``--quantize int8 --dtype auto --kernel auto``); ``--engine ort`` forces it, and
+    so does ``--quantize int4`` (only the graph has 4-bit weights)."""
+    if engine == "ort" or quantize == "int4":
         return (EngineKind.ORT,)
     if engine == "hf" or not lean_supported:
         return (EngineKind.HF,)
@@ -57,10 +59,11 @@ def prepare_model(config: AppConfig, layout: WorkerLayout, startup: Startup) -> 
                           report=lambda what: startup.step(what, stages.FETCHING))
     startup.model = model
     log.info("Model: %s — %s", model.name, model.reason)
-    engines = eligible_engines(config.engine, config.engine == "ort" or lean_supported(model.path),
+    graph_only = config.engine == "ort" or config.quantize == "int4"
+    engines = eligible_engines(config.engine, graph_only or lean_supported(model.path),
                                config.quantize, config.dtype, config.kernel)
     if engines == (EngineKind.ORT,):
-        spec = prepare_ort(model, cache_dir, startup)
+        spec = prepare_ort(model, cache_dir, layout, startup, config.quantize)
     else:
         choice = startup.kernels = choose_kernels(config, model.path, layout, EngineKind.LEAN in engines, startup)
         if engines == (EngineKind.HF,):
@@ -115,15 +118,35 @@ def prepare_lean(model: ResolvedModel, choice: KernelChoice, cache_dir: Path, st
                            choice.summary())
 
 
-def prepare_ort(model: ResolvedModel, cache_dir: Path, startup: Startup) -> EngineSpec:
-    """The model built once as one onnxruntime graph (``workers.decoders.ort``)."""
-    from workers.decoders.ort.graph import build
+def prepare_ort(model: ResolvedModel, cache_dir: Path, layout: WorkerLayout, startup: Startup,
+                quantize: str = "int8") -> EngineSpec:
+    """The model built once as one onnxruntime graph (``workers.decoders.ort``). With 4-bit
+    weights (``--quantize int4``) the price is stated, not promised: their perplexity against
+    the model in float32, measured on ``layout`` (once per graph; cached beside it)."""
+    from workers.decoders.ort.graph import WEIGHTS, build
 
-    summary = "onnxruntime graph: int8 MatMulNBits, blocks of 32"
-    startup.step(f"building the onnxruntime graph of {model.name} (int8, once)", stages.PREPARING)
-    graph = build(model.path, cache_dir)
-    log.info("onnxruntime graph: %s (%s).", summary, graph)
-    return EngineSpec.ort(model.path, str(graph), model_name=model.name, summary=summary)
+    summary = f"onnxruntime graph: {quantize} MatMulNBits, blocks of 32"
+    startup.step(f"building the onnxruntime graph of {model.name} ({quantize}, once)", stages.PREPARING)
+    graph = build(model.path, cache_dir, WEIGHTS[quantize])
+    if quantize == "int4":
+        summary += f" (the LM head and the most sensitive layers int8); {quality(model, str(graph), layout, startup)}"
+    log.info("%s (%s).", summary, graph)
+    return EngineSpec.ort(model.path, str(graph), model_name=model.name, summary=summary, quantize=quantize)
+
+
+def quality(model: ResolvedModel, graph: str, layout: WorkerLayout, startup: Startup) -> str:
+    """The 4-bit graph's perplexity rise over float32 (``workers.tuning.perplexity``), in words."""
+    from workers.tuning import perplexity
+
+    startup.step("measuring what 4-bit weights cost in perplexity (once per model)", stages.MEASURING)
+    try:
+        rise = perplexity.measure(model.path, graph, layout)
+    except (RuntimeError, OSError) as exc:  # the measurement broke, or its cache cannot be written
+        log.warning("Could not measure the perplexity of the 4-bit weights (%s).", exc)
+        return "perplexity rise not measured"
+    log.info("--quantize int4: %s; --quantize int8 (the default) stays within 2%%.", rise.summary())
+    startup.quality = rise
+    return rise.summary()
 
 
 def choose_engine(config: AppConfig, lean: EngineSpec, model: ResolvedModel, layout: WorkerLayout,
@@ -137,7 +160,7 @@ def choose_engine(config: AppConfig, lean: EngineSpec, model: ResolvedModel, lay
 
     cache_dir = Path(config.cache_dir).expanduser()
     try:
-        ort = prepare_ort(model, cache_dir, startup)
+        ort = prepare_ort(model, cache_dir, layout, startup)
         startup.step("measuring which engine is fastest on this CPU (once per CPU and model)", stages.MEASURING)
         timings = engine_choice.measure({"lean": lean, "ort": ort}, layout, config.max_batch, cache_dir)
     except RuntimeError as exc:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from workers.tuning.kernel_choice import KernelChoice
 from workers.tuning.engine_choice import EngineChoice
+from workers.tuning.perplexity import Rise
 from workers.loading.resolve import ResolvedModel
 
 RESOLVING = 0.05
@@ -48,6 +49,7 @@ class Startup:
     model: ResolvedModel | None = None  # set once resolved (one reference assignment: no lock needed)
     kernels: KernelChoice | None = None  # set once measured (likewise)
     engine: EngineChoice | None = None  # set where --engine auto measured the engines (likewise)
+    quality: Rise | None = None  # set where --quantize int4 measured its weights' perplexity (likewise)
     _state: StartupState = field(default_factory=lambda: StartupState("Starting", 0.0))
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

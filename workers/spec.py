@@ -46,6 +46,7 @@ class EngineSpec:
     summary: str = ""  # the kernel and engine choice in words, for the log, the panel and /health
     kv: str | None = None  # LEAN, ORT: the KV cache's dtype (workers.decoders.kv_choice); None: the engine's own
     # (the compute dtype; the graph's float32)
+    quantize: str = "int8"  # ORT: the graph's weights (``workers.decoders.ort.graph.WEIGHTS``: --quantize)
 
     @classmethod
     def lean(cls, model_path: str, weights: str, kernel: str, prefill: str | None = None, dtype: str = "float32",
@@ -54,8 +55,9 @@ class EngineSpec:
 
     @classmethod
     def ort(cls, model_path: str, graph: str, prefill: str | None = None, model_name: str = "",
-            summary: str = "") -> EngineSpec:
-        return cls(EngineKind.ORT, model_path, model_name or model_path, graph, "float32", None, prefill, summary)
+            summary: str = "", quantize: str = "int8") -> EngineSpec:
+        return cls(EngineKind.ORT, model_path, model_name or model_path, graph, "float32", None, prefill, summary,
+                   quantize=quantize)
 
     @classmethod
     def hf(cls, model_path: str, dtype: str = "float32", model_name: str = "", summary: str = "") -> EngineSpec:

@@ -33,6 +33,7 @@ def test_unknown_key_is_named(tmp_path):
     ("port = 70000", "port must be 1-65535"),
     ("dtype = 'fp8'", "dtype must be"),
     ("workers = [", "not valid TOML"),
+    ("quantize = 'int4'\nengine = 'lean'", "quantize int4 runs on the onnxruntime graph"),
 ])
 def test_bad_values_are_refused_clearly(tmp_path, text, message):
     path = tmp_path / "c.toml"

@@ -29,3 +29,9 @@ def test_a_forced_engine_is_the_only_one():
     assert eligible_engines("ort", False, "none", "float32", "fp32") == (ORT,)
     assert eligible_engines("hf", True, "int8", "auto", "auto") == (HF,)
     assert eligible_engines("lean", True, "int8", "auto", "auto") == (LEAN,)
+
+
+@pytest.mark.parametrize("engine", ["auto", "ort"])
+def test_4_bit_weights_are_the_graph_s_alone(engine):
+    """Only the onnxruntime graph has 4-bit weights: ``--quantize int4`` serves on it, unmeasured."""
+    assert eligible_engines(engine, True, "int4", "auto", "auto") == (ORT,)

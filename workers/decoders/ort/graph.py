@@ -52,7 +52,13 @@ from workers.host.publish import publishing
 
 log = logging.getLogger("workers")
 
-BUILD_OPTIONS = ("-p", "int8", "-e", "cpu", "--extra_options", "accuracy_level=4", "block_size=32")
+WEIGHTS = {  # --quantize → the builder's options
+    "int8": ("-p", "int8", "-e", "cpu", "--extra_options", "accuracy_level=4", "block_size=32"),
+    # 4-bit weights, with the LM head and the layers llama.cpp's Q4_K_M keeps wider in 8 bits (the
+    # builder's ``k_quant_mixed``); measured in benchmarks/int4_bench.py
+    "int4": ("-p", "int4", "-e", "cpu", "--extra_options", "accuracy_level=4", "block_size=32",
+             "algo_config=k_quant_mixed"),
+}
 MARKER = "genai_config.json"  # what makes a directory an onnxruntime-genai model
 GRAPH = "model-mixed.onnx"  # the builder's graph rewritten by ``mix``
 PREFILL_GRAPH = "model-prefill.onnx"  # ``GRAPH`` with fp32 weights in the layers: ``widen``
@@ -66,9 +72,9 @@ def is_ort_model(path: str | None) -> bool:
     return bool(path) and (Path(path) / GRAPH).is_file()
 
 
-def build(model_path: str, cache_dir: Path, options: tuple[str, ...] = BUILD_OPTIONS) -> Path:
+def build(model_path: str, cache_dir: Path, options: tuple[str, ...] = WEIGHTS["int8"]) -> Path:
     """The mixed onnxruntime graph of ``model_path`` (int8 weights in blocks of 32), built once;
-    ``options``: the builder's others (e.g. 4-bit weights: ``benchmarks/int4_bench.py``)."""
+    ``options``: the builder's others (e.g. ``WEIGHTS["int4"]``)."""
     from workers.decoders.lean.weights import weights_stamp
 
     config = (Path(model_path) / "config.json").read_text()
@@ -199,8 +205,8 @@ def widen(source: Path, dest: Path) -> None:
     """Write ``source`` (the mixed graph) to ``dest`` with each layer's 8-bit ``MatMulNBits``
     an fp32 ``MatMul`` on its weights dequantized, in ``dest``'s own external data file. The LM
     head stays int8: a prompt computes one row of logits, bound by reading the weights. So do
-    nodes in a form this does not read (zero points, other widths): they are rare, and a
-    prompt on them is only as fast as on the int8 graph."""
+    nodes in a form this does not read (zero points, other widths: ``--quantize int4``'s 4-bit
+    ones): a prompt on them is only as fast as on the graph itself."""
     import numpy as np
     import onnx
     from onnx import TensorProto, helper
@@ -209,14 +215,14 @@ def widen(source: Path, dest: Path) -> None:
     tensors = {t.name: t for t in model.graph.initializer}
     data_name = dest.name + ".data"
     widened: set[str] = set()
+    kept_nodes = []
     with open(dest.parent / data_name, "wb") as data:
         for node in model.graph.node:
             if node.op_type != "MatMulNBits" or node.output[0] == "logits":
                 continue
             attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-            if attrs.get("bits") != 8 or len(node.input) != 3:  # zero points or a bias of its own: stays int8
-                log.info("The fp32 twin keeps %s in int8 (bits %s, %d inputs)", node.name, attrs.get("bits"),
-                         len(node.input))
+            if attrs.get("bits") != 8 or len(node.input) != 3:  # zero points or a bias of its own: stays as is
+                kept_nodes.append(f"{node.name} ({attrs.get('bits')} bits, {len(node.input)} inputs)")
                 continue
             n, k = attrs["N"], attrs["K"]
             q = _values(source.parent, tensors[node.input[1]], np.uint8).reshape(n, -1).astype(np.float32)
@@ -233,6 +239,8 @@ def widen(source: Path, dest: Path) -> None:
             model.graph.initializer.append(tensor)
             widened.update(node.input[1:])
             node.CopyFrom(helper.make_node("MatMul", [node.input[0], name], list(node.output), name=node.name))
+    if kept_nodes:
+        log.info("The fp32 twin keeps %d of the layers' matmuls as they are, e.g. %s", len(kept_nodes), kept_nodes[0])
     kept = [t for t in model.graph.initializer if t.name not in widened]
     del model.graph.initializer[:]
     model.graph.initializer.extend(kept)
