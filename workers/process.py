@@ -65,8 +65,12 @@ def load_engine(spec: WorkerSpec):
     loaded = load(spec.engine, spec.layout.threads)
     engine = Engine(loaded.decoder, loaded.tokenizer, loaded.stop_ids, spec.engine_config,
                     worker=spec.layout.worker_id)
+    # llguidance reads the tokenizer holding the GIL for ~0.25 s: beside the model's warm-up (no
+    # slower to be ready, measured), not beside the first replies, whose tokens it froze for as long
+    grammars = threading.Thread(target=engine.grammars.warm, name="grammar-warm-up", daemon=True)
+    grammars.start()
     warm_up(engine, spec.warmup_tokens)
-    threading.Thread(target=engine.grammars.warm, name="grammar-warm-up", daemon=True).start()  # not waited for
+    grammars.join()
     load_s = time.monotonic() - started
     log.info("ready in %.1f s on cpus %s with %d threads", load_s, spec.layout.cpus, spec.layout.threads)
     return engine, Ready(

@@ -5,6 +5,9 @@ complete; a thinking model's thinking goes unconstrained; a schema that cannot b
 a 400 naming its field."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -147,3 +150,18 @@ def test_random_logits_under_a_tool_grammar_give_calls_that_validate(tags_are_to
             assert "<tool_call>" not in content and (choice == "auto" or not content)  # auto: text, then the call
         calls_seen += len(calls)
     assert calls_seen or choice == "auto"
+
+
+def test_a_mask_needs_no_compiler():
+    """The first mask is taken in a fresh interpreter without importing torch's compiler.
+    ``llguidance.torch`` compiles its kernel with ``torch.compile`` when it is imported: 2 s of
+    imports holding the GIL (Zen 4). That ran in the grammar warm-up beside a new worker's first
+    replies, and one of their tokens took 220-290 ms instead of 10-25 ms. That failed a CI run."""
+    code = ("import sys; from tests.unit.test_grammar import byte_tokenizer; "
+            "from workers.generation.grammar import Grammars; from llguidance import LLMatcher; "
+            "g = Grammars(byte_tokenizer(), (256,)); g.warm(); "
+            "assert g.mask(LLMatcher.grammar_from_json_schema({'type': 'object'})).allowed().sum() > 0; "
+            "print('torch._inductor' in sys.modules)")
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert ran.stdout.strip() == "False"

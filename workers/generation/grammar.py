@@ -59,10 +59,10 @@ class GrammarMask:
     think: tuple[int, int] | None  # (<think>, </think>) ids, for a thinking model
     stop_ids: tuple[int, ...]  # what ends the reply
     phase: Phase = Phase.FIRST
-    bitmask: torch.Tensor = field(init=False)  # [1, ceil(vocab / 32)] int32, refilled each step
+    bitmask: np.ndarray = field(init=False)  # [1, ceil(vocab / 32)] int32, refilled each step
 
     def __post_init__(self) -> None:
-        self.bitmask = torch.zeros((1, (self.vocab + 31) // 32), dtype=torch.int32)
+        self.bitmask = np.zeros((1, (self.vocab + 31) // 32), dtype=np.int32)
         if self.think is None:
             self.phase = Phase.CONSTRAINED
 
@@ -70,7 +70,9 @@ class GrammarMask:
         """[vocab] bool: the tokens the grammar allows next. A matcher in error (a token it
         refused, or the parser's limits reached) allows only the end of the reply: this
         sequence ends, logged, and the others in its batch never notice."""
-        from llguidance.torch import fill_next_token_bitmask
+        from llguidance.numpy import fill_next_token_bitmask  # not llguidance.torch: its import compiles a
+        # kernel with torch.compile, seconds of importing torch's compiler that held the GIL beside the
+        # worker's first requests (a 1-token step took 220-290 ms while it ran, measured on Zen 4)
 
         fill_next_token_bitmask(self.matcher, self.bitmask)
         if self.matcher.is_error():
@@ -78,7 +80,7 @@ class GrammarMask:
             allowed = np.zeros(self.vocab, dtype=np.bool_)
             allowed[list(self.stop_ids)] = True
             return allowed
-        return np.unpackbits(self.bitmask.numpy().view(np.uint8), bitorder="little")[: self.vocab].view(np.bool_)
+        return np.unpackbits(self.bitmask.view(np.uint8), bitorder="little")[: self.vocab].view(np.bool_)
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         """The logits with every token the grammar forbids at -inf, in a new tensor. In numpy,
@@ -107,7 +109,7 @@ class GrammarMask:
 
 @dataclass(frozen=True)
 class Vocabulary:
-    """What llguidance needs of the tokenizer, built once: ~1 s for a 49k vocabulary."""
+    """What llguidance needs of the tokenizer, built once: ~0.4 s for a 49k vocabulary (Zen 4)."""
 
     llg: object  # llguidance.LLTokenizer
     size: int  # its tokens: the bitmask's width
@@ -158,9 +160,10 @@ class Grammars:
 
     def warm(self) -> None:
         """Build the tokenizer's view and take llguidance's first mask with it (its token trie is
-        built then): ~1 s and ~2 s for a 49k vocabulary, that the first constrained request
-        would otherwise wait for. The worker runs this in a thread of its own once it is ready;
-        llguidance's part runs without the GIL."""
+        built then): 0.4-0.6 s for a 49k vocabulary (Zen 4), that the first constrained request
+        would otherwise wait for. Reading the tokenizer holds the GIL for ~0.25 s, so the worker
+        runs this beside its model's warm-up and waits for it before it is ready
+        (``workers.process.load_engine``)."""
         from llguidance import LLMatcher
 
         try:
