@@ -30,9 +30,10 @@ def measure(spec: dict) -> dict:
     from benchmarks.engine_bench import runner_for
 
     spec, runner = runner_for(spec)
-    ways = {"apart, on half the threads": "default", "in the step's call": "fused", "a call of its own": "chunks"}
+    ways = {"apart, on half the threads": "default", "apart, threads not pinned (before)": "unpinned",
+            "in the step's call": "fused", "a call of its own": "chunks"}
     if runner.decoder.halves is None:
-        del ways["apart, on half the threads"]
+        del ways["apart, on half the threads"], ways["apart, threads not pinned (before)"]
     if not runner.decoder.fuses_chunks:
         del ways["in the step's call"]
     runs: dict[str, list[dict]] = {way: [] for way in ways}
@@ -60,19 +61,21 @@ def main(argv: list[str] | None = None) -> int:
              "Qwen1.5-0.5B shape, 2 threads; median (min–max) of "
              f"{args.repeats}. While a 1,000-token prompt prefills in the same worker, another reply's tokens:", "",
              "| engine | kernels | the prompt | chunk tokens (last) | usual ms/token | longest gap ms | × usual | "
-             "× its own step | prompt in chunks ms | in one piece ms |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "× its own step | first gap × usual | prompt in chunks ms | in one piece ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for label, r in results.items():
         r["summary"] = {}
         for way, runs in r["runs"].items():
             s = r["summary"][way] = summarize_keys(runs)
             lines.append(f"| {label} | {r['kernel']['decode']} / {r['kernel']['prefill']} | {way} | "
                          f"{fmt(s['chunk_tokens'], 0)} | {fmt(s['usual_ms_per_token'])} | {fmt(s['longest_gap_ms'])} | "
-                         f"{fmt(s['longest_gap_x'], 2)} | {fmt(s['longest_gap_steps'], 2)} | "
+                         f"{fmt(s['longest_gap_x'], 2)} | {fmt(s['longest_gap_steps'], 2)} | {fmt(s['first_gap_x'], 2)} | "
                          f"{fmt(s['prefill_chunked_ms'], 0)} | {fmt(s['prefill_one_piece_ms'], 0)} |")
     lines += ["", "× its own step: the gap over the decode step inside it (the reply's steps slow down as its own "
                   "context grows meanwhile; in the step's call, that step is the fixed part of the cost line fitted "
                   "to the calls; apart, the 2-thread step before the prompt came); × usual: over its time per token "
-                  "before the prompt came. The ways of one engine ran alternately in one process."]
+                  "before the prompt came. The gaps: from the prompt's arrival up to the one spanning its first token (its "
+                  "cache joining the reply's steps). The ways of one engine ran alternately in one process."]
     save(machine, "chunked", {"machine": machine, "results": results}, "\n".join(lines) + "\n")
     return 0
 

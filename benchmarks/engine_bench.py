@@ -141,13 +141,15 @@ class Decoding:
         rides in the step's call (``Decoder.fuses_chunks``), that step is the fixed part of the
         line ``ChunkSize`` fits to the calls. ``way`` (an A/B): "default", as the worker does it
         (apart on half the threads where the decoder has ``halves``); "fused", chunks in the
-        step's call; "chunks", each chunk a call of its own."""
+        step's call; "chunks", each chunk a call of its own; "unpinned", apart with the halves' threads
+        not pinned to cores of their own (``prefill.Cores``). The gaps counted are those from the
+        prompt's arrival up to the one spanning its first token (its cache joining the batch's)."""
         from app.config import load_config
         from workers.generation.engine import Engine
         from workers.process import warm_up
         from workers.spec import WorkerSpec
         from workers.scheduler.batch import Batch
-        from workers.scheduler.prefill import APART_TOKENS, Fused, Interleaved
+        from workers.scheduler.prefill import APART_TOKENS, Apart, Fused, Interleaved
         from workers.protocol import ChatMessage, EngineConfig, Generate, SamplingParams
 
         class Discard:  # stands in for the pipe
@@ -175,8 +177,12 @@ class Decoding:
         config = EngineConfig(max_context_tokens=load_config().max_context_tokens)
         engine = Engine(self.decoder, self.tokenizer, set(), config)  # no stop ids
         warm_up(engine, WorkerSpec.warmup_tokens)  # as a worker starts: every call shape it takes has run once
-        batch = TimedBatch(engine, Discard(), 0, {"default": None, "fused": Fused, "chunks": Interleaved}[way])
-        apart = way == "default" and engine.decoder.halves is not None
+        class Unpinned(Apart):  # the halves' threads wherever Linux puts them (before ``prefill.Cores``)
+            pinned = False
+
+        batch = TimedBatch(engine, Discard(), 0, {"default": None, "unpinned": Unpinned, "fused": Fused,
+                                                  "chunks": Interleaved}[way])
+        apart = way in ("default", "unpinned") and engine.decoder.halves is not None
         text = self.tokenizer.decode(self.torch.randint(100, 40000, (prompt_tokens,)).tolist())
         long_ids = self.tokenizer(text).input_ids[:prompt_tokens]
         long_text = self.tokenizer.decode(long_ids)  # made before the reply's tokens are timed: not the worker's work
@@ -192,7 +198,7 @@ class Decoding:
         first, reply = batch.times["long"][0], batch.times["reply"]
         gaps = [(t1, t1 - t0) for t0, t1 in zip(reply, reply[1:])]
         usual = sorted(g for t, g in gaps if t <= sent)[len([1 for t, _ in gaps if t <= sent]) // 2]
-        during = [(t, g) for t, g in gaps if sent <= t <= first]
+        during = [(t, g) for t, g in gaps if sent <= t and t - g <= first]  # up to the one spanning its end
         worst = max(g for _, g in during)
         worst_steps = max(g / batch.step_of[t] for t, g in during)
         worst_at = max(range(len(during)), key=lambda i: during[i][1])  # which gap of the prompt's: 0, the first
@@ -200,6 +206,7 @@ class Decoding:
         self.decoder.forward(self.torch.tensor(long_ids), self.decoder.new_cache())
         one_piece = time.perf_counter() - started
         return {"usual_ms_per_token": usual * 1000, "longest_gap_ms": worst * 1000, "longest_gap_x": worst / usual,
+                "first_gap_x": during[0][1] / usual,
                 "longest_gap_steps": worst_steps, "longest_gap_at": worst_at, "gaps_during": len(during),
                 "prefill_chunked_ms": (first - sent) * 1000, "prefill_one_piece_ms": one_piece * 1000,
                 "chunk_tokens": APART_TOKENS if apart else batch.strategy.chunk.tokens, "apart": float(apart)}

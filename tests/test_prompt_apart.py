@@ -131,3 +131,21 @@ def test_a_prompt_seated_beside_a_reply_joins_its_steps_without_moving_either(en
     decoder.forward_batch(torch.tensor([7, 8]), [reply, prompt])  # and batched: no move
     assert (reply.kv.ctypes.data, prompt.kv.ctypes.data) == where
     assert reply.length == 31 and prompt.length == 201
+
+
+def test_each_half_runs_on_its_own_cores_while_a_prompt_is_apart_then_the_batch_on_all(engine):
+    """Unpinned, the batch's step and the prompt's call sometimes ran on one core together while
+    the other core idled: that made the reply's longest gap longer (``Cores``). Once the prompt
+    has joined the batch, the batch's thread gets every core back, or later replies would
+    decode on half the worker's cores."""
+    every = os.sched_getaffinity(0)
+    batch, outbox = apart_beside_a_reply(engine, "p", reply_chars=4)
+    cores, job = batch.strategy.cores, batch.strategy.job
+    assert cores is not None and set(cores.batch).isdisjoint(cores.prompt)
+    assert os.sched_getaffinity(0) == set(cores.batch)
+    if job.thread.is_alive() and not job.done.is_set():
+        assert os.sched_getaffinity(job.thread.native_id) == set(cores.prompt)
+    while batch.busy:
+        batch.step()
+    assert os.sched_getaffinity(0) == every == set(cores.every)
+    assert outbox.done("long") is not None and outbox.done("reply") is not None

@@ -1,6 +1,7 @@
 import pytest
 
 from workers.host.cores import LayoutError, auto_workers, parse_cpu_list, physical_cores, plan_layout
+from workers.host.pinning import split_halves
 
 
 def test_parse_cpu_list_ranges_and_singles():
@@ -40,3 +41,11 @@ def test_physical_cores_groups_hyperthread_siblings(tmp_path, monkeypatch):
 
 def test_auto_workers():
     assert [auto_workers(n) for n in (1, 2, 4, 8, 16, 64)] == [1, 1, 1, 2, 4, 4]
+
+
+def test_halves_split_whole_cores_as_the_decoders_halves_split_threads():
+    """The batch's half gets ``(n + 1) // 2`` cores, as ``Decoder.halves`` gives it that many
+    threads; a hyper-thread's siblings stay together; one core cannot be split."""
+    assert split_halves([(0,), (1,)]) == ((0,), (1,))
+    assert split_halves([(0, 4), (1, 5), (2, 6)]) == ((0, 4, 1, 5), (2, 6))
+    assert split_halves([(0, 1)]) is None

@@ -9,7 +9,7 @@ import ctypes
 import os
 import signal
 
-from workers.host.cores import WorkerLayout
+from workers.host.cores import PhysicalCore, WorkerLayout
 
 PR_SET_PDEATHSIG = 1
 
@@ -27,3 +27,18 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:  # not Linux: the closed pipe still ends the loop
         pass
+
+
+def split_halves(cores: list[PhysicalCore]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The CPUs of the first ``(n + 1) // 2`` physical cores and of the rest, as the threads of
+    ``Decoder.halves`` are split (``(threads + 1) // 2`` for the batch, ``threads // 2`` for a
+    prompt); None with fewer than two cores."""
+    if len(cores) < 2:
+        return None
+    cut = (len(cores) + 1) // 2
+    return tuple(c for core in cores[:cut] for c in core), tuple(c for core in cores[cut:] for c in core)
+
+
+def pin_this_thread(cpus: tuple[int, ...] | set[int]) -> None:
+    """Run the calling thread, and only it (Linux affinity is per thread), on ``cpus``."""
+    os.sched_setaffinity(0, cpus)
