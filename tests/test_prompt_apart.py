@@ -6,6 +6,7 @@ the worker goes on serving. (The others' gaps meanwhile: ``tests.test_chunked_pr
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -133,6 +134,22 @@ def test_a_prompt_seated_beside_a_reply_joins_its_steps_without_moving_either(en
     assert reply.length == 31 and prompt.length == 201
 
 
+def prompt_thread_cpus(job, wait_s: float = 2.0) -> set[int] | None:
+    """The CPUs the prompt's thread may run on once it has pinned itself (its first act, which
+    may come a moment after it starts); None once it has ended."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            cpus = os.sched_getaffinity(job.thread.native_id)
+        except ProcessLookupError:
+            return None
+        if not job.thread.is_alive():
+            return None
+        if cpus != set(job.cores.every) or time.monotonic() > deadline:
+            return cpus
+        time.sleep(0.001)
+
+
 def test_each_half_runs_on_its_own_cores_while_a_prompt_is_apart_then_the_batch_on_all(engine):
     """Unpinned, the batch's step and the prompt's call sometimes ran on one core together while
     the other core idled: that made the reply's longest gap longer (``Cores``). Once the prompt
@@ -140,12 +157,13 @@ def test_each_half_runs_on_its_own_cores_while_a_prompt_is_apart_then_the_batch_
     decode on half the worker's cores."""
     every = os.sched_getaffinity(0)
     batch, outbox = apart_beside_a_reply(engine, "p", reply_chars=4)
-    cores, job = batch.strategy.cores, batch.strategy.job
-    assert cores is not None and set(cores.batch).isdisjoint(cores.prompt)
-    assert os.sched_getaffinity(0) == set(cores.batch)
-    if job.thread.is_alive() and not job.done.is_set():
-        assert os.sched_getaffinity(job.thread.native_id) == set(cores.prompt)
-    while batch.busy:
-        batch.step()
+    try:
+        cores, job = batch.strategy.cores, batch.strategy.job
+        assert cores is not None and set(cores.batch).isdisjoint(cores.prompt)
+        assert os.sched_getaffinity(0) == set(cores.batch)
+        assert prompt_thread_cpus(job) in (set(cores.prompt), None)  # None: it had finished already
+    finally:
+        while batch.busy:
+            batch.step()
     assert os.sched_getaffinity(0) == every == set(cores.every)
     assert outbox.done("long") is not None and outbox.done("reply") is not None
