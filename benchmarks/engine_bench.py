@@ -142,7 +142,7 @@ class Decoding:
         line ``ChunkSize`` fits to the calls. ``way`` (an A/B): "default", as the worker does it
         (apart on half the threads where the decoder has ``halves``); "fused", chunks in the
         step's call; "chunks", each chunk a call of its own; "unpinned", apart with the halves' threads
-        not pinned to cores of their own (``prefill.Cores``). The gaps counted are those from the
+        not pinned to cores of their own (``pinning.Halves``). The gaps counted are those from the
         prompt's arrival up to the one spanning its first token (its cache joining the batch's)."""
         from app.config import load_config
         from workers.generation.engine import Engine
@@ -177,7 +177,7 @@ class Decoding:
         config = EngineConfig(max_context_tokens=load_config().max_context_tokens)
         engine = Engine(self.decoder, self.tokenizer, set(), config)  # no stop ids
         warm_up(engine, WorkerSpec.warmup_tokens)  # as a worker starts: every call shape it takes has run once
-        class Unpinned(Apart):  # the halves' threads wherever Linux puts them (before ``prefill.Cores``)
+        class Unpinned(Apart):  # the halves' threads wherever Linux puts them (before ``pinning.Halves``)
             pinned = False
 
         batch = TimedBatch(engine, Discard(), 0, {"default": None, "unpinned": Unpinned, "fused": Fused,

@@ -1,7 +1,7 @@
 import pytest
 
 from workers.host.cores import LayoutError, auto_workers, parse_cpu_list, physical_cores, plan_layout
-from workers.host.pinning import split_halves
+from workers.host.pinning import Halves, split_halves
 
 
 def test_parse_cpu_list_ranges_and_singles():
@@ -46,6 +46,6 @@ def test_auto_workers():
 def test_halves_split_whole_cores_as_the_decoders_halves_split_threads():
     """The batch's half gets ``(n + 1) // 2`` cores, as ``Decoder.halves`` gives it that many
     threads; a hyper-thread's siblings stay together; one core cannot be split."""
-    assert split_halves([(0,), (1,)]) == ((0,), (1,))
-    assert split_halves([(0, 4), (1, 5), (2, 6)]) == ((0, 4, 1, 5), (2, 6))
+    assert split_halves([(0,), (1,)]) == Halves((0, 1), (0,), (1,))
+    assert split_halves([(0, 4), (1, 5), (2, 6)]) == Halves((0, 4, 1, 5, 2, 6), (0, 4, 1, 5), (2, 6))
     assert split_halves([(0, 1)]) is None

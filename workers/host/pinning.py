@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+from dataclasses import dataclass
 
 from workers.host.cores import PhysicalCore, WorkerLayout
 
@@ -29,14 +30,26 @@ def die_with_parent() -> None:
         pass
 
 
-def split_halves(cores: list[PhysicalCore]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """The CPUs of the first ``(n + 1) // 2`` physical cores and of the rest, as the threads of
-    ``Decoder.halves`` are split (``(threads + 1) // 2`` for the batch, ``threads // 2`` for a
-    prompt); None with fewer than two cores."""
+@dataclass(frozen=True)
+class Halves:
+    """Where a worker's threads run while a prompt prefills apart (``workers.scheduler.prefill``):
+    the batch's on ``batch``, the prompt's on ``prompt``, each the CPUs of whole physical cores
+    (the first ``(n + 1) // 2`` and the rest, as ``Decoder.halves`` splits the threads:
+    ``(threads + 1) // 2`` for the batch, ``threads // 2`` for a prompt); either on ``every``
+    CPU of the worker when it runs alone."""
+
+    every: tuple[int, ...]
+    batch: tuple[int, ...]
+    prompt: tuple[int, ...]
+
+
+def split_halves(cores: list[PhysicalCore]) -> Halves | None:
+    """``cores`` split in two halves; None with fewer than two cores."""
     if len(cores) < 2:
         return None
     cut = (len(cores) + 1) // 2
-    return tuple(c for core in cores[:cut] for c in core), tuple(c for core in cores[cut:] for c in core)
+    cpus = [tuple(c for core in part for c in core) for part in (cores, cores[:cut], cores[cut:])]
+    return Halves(*cpus)
 
 
 def pin_this_thread(cpus: tuple[int, ...] | set[int]) -> None:

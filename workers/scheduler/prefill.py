@@ -25,11 +25,10 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from dataclasses import dataclass
 
 from workers.generation.engine import Engine, Sequence, Step
 from workers.host.cores import physical_cores
-from workers.host.pinning import pin_this_thread, split_halves
+from workers.host.pinning import Halves, pin_this_thread, split_halves
 from workers.scheduler.chunk_size import AloneChunk, ChunkSize
 
 APART_TOKENS = 64  # prompt tokens per call of a prompt prefilling apart: a Stop waits for one
@@ -122,27 +121,10 @@ class Stopped(enum.Enum):
     FAILED = "failed"  # already reported to the client
 
 
-@dataclass(frozen=True)
-class Cores:
-    """Where the threads run while a prompt is apart: the batch's on the first half of the
-    worker's physical cores, the prompt's on the other (``split_halves``); the prompt's on all
-    of them once it prefills alone."""
-
-    every: tuple[int, ...]
-    batch: tuple[int, ...]
-    prompt: tuple[int, ...]
-
-    @classmethod
-    def of_this_worker(cls) -> Cores | None:
-        cores = physical_cores()
-        halves = split_halves(cores)
-        return cls(tuple(c for core in cores for c in core), *halves) if halves else None
-
-
 class PromptApart:
     """A prompt prefilling on a thread of its own, on the prompt's half of the worker's threads,
     while the batch decodes on the other half; on all of them, chunk by chunk, once nobody
-    else is decoding (``crowded``, set by the batch's loop). With ``cores``, each half's thread
+    else is decoding (``crowded``, set by the batch's loop). With ``cores`` (``Halves``), each half's thread
     runs on its own cores meanwhile (``Apart``).
 
     The thread touches nothing but its sequence, which the batch leaves alone meanwhile
@@ -150,7 +132,7 @@ class PromptApart:
     is seen between two chunks (``APART_TOKENS``: ~1 s on one thread of a Zen 3, Qwen1.5-0.5B
     shape), so its memory is released only once the thread no longer writes its cache."""
 
-    def __init__(self, engine: Engine, seq: Sequence, cores: Cores | None = None) -> None:
+    def __init__(self, engine: Engine, seq: Sequence, cores: Halves | None = None) -> None:
         self.engine, self.seq, self.cores, self.crowded = engine, seq, cores, True
         seq.cache.held = True  # its slot is not given back meanwhile (workers.decoders.ort.cache.OrtCache)
         self.first: Step | None = None  # the first token's step, once prefilled
@@ -181,12 +163,12 @@ class Apart(PrefillStrategy):
     the lost threads do: on the Qwen1.5-0.5B shape on 2 cores (Zen 3), a step on one thread
     took 1.6x one on two."""
 
-    pinned = True  # each half's thread on its own cores (``Cores``); False: an A/B's "before"
+    pinned = True  # each half's thread on its own cores (``Halves``); False: an A/B's "before"
 
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine)
         self.job: PromptApart | None = None
-        self.cores = Cores.of_this_worker() if self.pinned else None
+        self.cores = split_halves(physical_cores()) if self.pinned else None
 
     def step(self, decoding: list[Sequence], prefilling: Sequence | None) -> Steps:
         if self.job is None:
