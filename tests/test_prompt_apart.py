@@ -152,7 +152,7 @@ def prompt_thread_cpus(job, wait_s: float = 2.0) -> set[int] | None:
 
 def test_each_half_runs_on_its_own_cores_while_a_prompt_is_apart_then_the_batch_on_all(engine):
     """Unpinned, the batch's step and the prompt's call sometimes ran on one core together while
-    the other core idled: that made the reply's longest gap longer (``Cores``). Once the prompt
+    the other core idled: that made the reply's longest gap longer (``pinning.Halves``). Once the prompt
     has joined the batch, the batch's thread gets every core back, or later replies would
     decode on half the worker's cores."""
     every = os.sched_getaffinity(0)
@@ -167,3 +167,20 @@ def test_each_half_runs_on_its_own_cores_while_a_prompt_is_apart_then_the_batch_
             batch.step()
     assert os.sched_getaffinity(0) == every == set(cores.every)
     assert outbox.done("long") is not None and outbox.done("reply") is not None
+
+
+def test_no_thread_keeps_a_core_busy_after_a_step(engine):
+    """onnxruntime's pool threads spun on for ~40 ms of CPU after each call. When a prompt then
+    went apart, the one still spinning from the last step sat on the core the batch's thread
+    was pinned to, and the reply's first step on its half took twice its time (its first gap
+    3.4x its pace against 1.9x, Zen 4, Qwen1.5-0.5B shape: ``benchmarks.spin_bench``). The
+    sessions stop spinning when a call returns (``workers.decoders.ort.packed.session_options``)."""
+    params = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=4)
+    seq = engine.begin(engine.prompt(list(HELLO), params.max_new_tokens), params, "spin")
+    engine.prefill(seq)
+    engine.step([seq])  # on all the worker's threads
+    engine.finish(seq)
+    cpu, wall = time.process_time(), time.perf_counter()
+    time.sleep(0.2)
+    idle_s, burnt_s = time.perf_counter() - wall, time.process_time() - cpu
+    assert burnt_s < 0.1 * idle_s, f"{burnt_s * 1000:.0f} ms of CPU in {idle_s * 1000:.0f} ms idle"

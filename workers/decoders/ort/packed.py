@@ -69,9 +69,21 @@ def _pack(graph: Path, done: Path) -> None:
 
 
 def session_options(threads: int):
+    """A session on ``threads`` threads whose pool stops spinning when a call returns.
+
+    Why stop: onnxruntime's pool threads spin between the parallel parts of a call (kept: that
+    is where waking them would cost) and, by default, for ~40 ms of CPU after the call ends.
+    Between two decode steps nothing needs that: a step is one call, and the thread that
+    spins may be sitting on the core that another thread now needs. When a prompt goes apart
+    (``workers.scheduler.prefill``), the batch's thread is pinned to one core and the prompt's
+    to the other, and the full session's pool thread, still spinning from the last step, took
+    40-50 ms of the batch's core: its first step on one thread took 70-107 ms against ~45 ms,
+    and that gap was the longest of the prompt's (Zen 4, Qwen1.5-0.5B shape; ``spin_bench``).
+    Decode speed is the same either way (``benchmarks/results/<class>/spin.md``)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
     options.log_severity_level = 3  # not the warning that a saved optimized graph suits this machine only: it is keyed so
+    options.add_session_config_entry("session.force_spinning_stop", "1")
     return options
