@@ -124,8 +124,8 @@ class Stopped(enum.Enum):
 class PromptApart:
     """A prompt prefilling on a thread of its own, on the prompt's half of the worker's threads,
     while the batch decodes on the other half; on all of them, chunk by chunk, once nobody
-    else is decoding (``crowded``, set by the batch's loop). With ``cores`` (``Halves``), each half's thread
-    runs on its own cores meanwhile (``Apart``).
+    else is decoding (``crowded``, set by the batch's loop). With ``cores`` (``Halves``), each
+    half's thread runs on its own cores meanwhile (``Apart``).
 
     The thread touches nothing but its sequence, which the batch leaves alone meanwhile
     (``Apart.holds``); the batch takes it back, with its first token, once ``done``. A Stop
