@@ -1,17 +1,20 @@
-"""onnxruntime's pool spinning after a call, or stopping: ``python -m benchmarks.spin_bench`` (~6 minutes).
+"""onnxruntime's idle pool threads spinning ~40 ms after a call, or 2 ms at most:
+``python -m benchmarks.spin_bench`` (~4 minutes).
 
-A session's pool threads spin for a while after a call returns, unless told to stop
-(``session.force_spinning_stop``, set by ``workers.decoders.ort.packed.session_options``). This
+A session's pool threads spin for a while once they run out of work, before they sleep;
+``workers.decoders.ort.packed.session_options`` bounds it (``SPIN_AFTER_CALL_US``). This
 measures both ways in one process, decoders loaded side by side and taking turns round by
-round ("spinning" is the session made as before the change, by a wrapper adding nothing):
+round (onnxruntime's default made by ``spinning_after_calls``, as before the change):
 
 - a 1,000-token prompt arriving beside a reply, prefilled apart (``Decoding.chunked_prefill``):
   the reply's first and longest gap over its usual time per token, on the Qwen1.5-0.5B shape;
-- decode speed at one stream, on the Qwen1.5-0.5B shape and on the bundled model (whose
-  short steps would show the cost of waking the pool at each call, if any);
+- decode speed at one stream, on the Qwen1.5-0.5B shape and on the bundled model, calls back
+  to back;
 - the CPU a worker burns while idle, in the 200 ms after a call.
 
-The app's engine, 2 threads. Results go to ``benchmarks/results/<CPU class>/spin.{json,md}``.
+What the time between two served steps does to it shows only with the app running:
+``benchmarks.serve_ab`` against a checkout of the commit before. The app's engine, 2 threads.
+Results go to ``benchmarks/results/<CPU class>/spin.{json,md}``.
 """
 
 from __future__ import annotations
@@ -25,23 +28,18 @@ from benchmarks import qwen_shape
 from benchmarks.run import CACHE, _machine, entry, run_module, save
 from benchmarks.stats import Summary, fmt, summarize_keys
 
-WAYS = ("spinning after calls (before)", "stopping when a call returns (now)")
+WAYS = ("onnxruntime's default, ~40 ms (before)", "2 ms at most (now)")
 DECODE_TOKENS = 100
 IDLE_S = 0.2
 
 
 @contextlib.contextmanager
 def spinning_after_calls():
-    """Sessions opened meanwhile are made as before the change: without the stop."""
+    """Sessions opened meanwhile are made as before the change: onnxruntime's default spin."""
     from workers.decoders.ort import packed
 
     made = packed.session_options
-
-    def before(threads: int):
-        options = made(threads)
-        options.add_session_config_entry("session.force_spinning_stop", "0")
-        return options
-    packed.session_options = before
+    packed.session_options = lambda threads: made(threads, spin_us=None)
     try:
         yield
     finally:
@@ -54,8 +52,8 @@ def measure(spec: dict) -> dict:
 
     runners = {}
     with spinning_after_calls():
-        spec_, runners[WAYS[0]] = runner_for(dict(spec))
-    spec_, runners[WAYS[1]] = runner_for(dict(spec))
+        _, runners[WAYS[0]] = runner_for(dict(spec))
+    _, runners[WAYS[1]] = runner_for(dict(spec))
 
     def idle_cpu_ms(runner) -> float:
         runner.decode(2)
@@ -96,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
              "one process. Gaps: a 1,000-token prompt arrives beside a reply and prefills apart; the reply's "
              "gaps over its usual time per token. Idle CPU: what the process burns in the "
              f"{IDLE_S * 1000:.0f} ms after a call.", "",
-             "| model | onnxruntime's pool | decode tok/s | decode × before | idle CPU ms | first gap × usual | "
+             "| model | idle pool threads spin | decode tok/s | decode × before | idle CPU ms | first gap × usual | "
              "longest gap × usual |", "|---|---|---|---|---|---|---|"]
     for label, r in results.items():
         r["summary"] = {way: summarize_keys(runs) for way, runs in r["runs"].items()}

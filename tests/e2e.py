@@ -57,13 +57,14 @@ def running_app(tmp_path: Path, *args: str, **kwargs) -> Iterator[RunningApp]:
 
 
 def start_app(tmp_path: Path, *args: str, ready_timeout_s: float = 240, env: dict | None = None,
-              wait_for_workers: bool = True) -> RunningApp:
-    """Returns once every worker is ready, or (``wait_for_workers=False``) once /health answers."""
+              wait_for_workers: bool = True, root: Path = ROOT) -> RunningApp:
+    """Returns once every worker is ready, or (``wait_for_workers=False``) once /health answers.
+    ``root``: the checkout to run (another one: an A/B, ``benchmarks.serve_ab``)."""
     port = free_port()
     log_path = tmp_path / "app.log"
     process = subprocess.Popen(
-        [sys.executable, str(ROOT / "launch.py"), "--port", str(port), *args],
-        cwd=ROOT, stdout=log_path.open("w"), stderr=subprocess.STDOUT,
+        [sys.executable, str(root / "launch.py"), "--port", str(port), *args],
+        cwd=root, stdout=log_path.open("w"), stderr=subprocess.STDOUT,
         env={**os.environ, **(env or {})},
     )
     auth = args[args.index("--auth") + 1] if "--auth" in args else None

@@ -173,8 +173,8 @@ def test_no_thread_keeps_a_core_busy_after_a_step(engine):
     """onnxruntime's pool threads spun on for ~40 ms of CPU after each call. When a prompt then
     went apart, the one still spinning from the last step sat on the core the batch's thread
     was pinned to, and the reply's first step on its half took twice its time (its first gap
-    3.4x its pace against 1.9x, Zen 4, Qwen1.5-0.5B shape: ``benchmarks.spin_bench``). The
-    sessions stop spinning when a call returns (``workers.decoders.ort.packed.session_options``)."""
+    3.4x its pace, Zen 4, Qwen1.5-0.5B shape: ``benchmarks.spin_bench``). An idle pool thread
+    now spins 2 ms at most (``workers.decoders.ort.packed.session_options``)."""
     params = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=4)
     seq = engine.begin(engine.prompt(list(HELLO), params.max_new_tokens), params, "spin")
     engine.prefill(seq)

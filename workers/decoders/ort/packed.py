@@ -68,22 +68,28 @@ def _pack(graph: Path, done: Path) -> None:
             raise RuntimeError(f"onnxruntime could not pack {graph}: {ran.stderr.strip()[-2000:]}")
 
 
-def session_options(threads: int):
-    """A session on ``threads`` threads whose pool stops spinning when a call returns.
+SPIN_AFTER_CALL_US = 2000  # how long an idle pool thread spins before it sleeps (see ``session_options``)
 
-    Why stop: onnxruntime's pool threads spin between the parallel parts of a call (kept: that
-    is where waking them would cost) and, by default, for ~40 ms of CPU after the call ends.
-    Between two decode steps nothing needs that: a step is one call, and the thread that
-    spins may be sitting on the core that another thread now needs. When a prompt goes apart
-    (``workers.scheduler.prefill``), the batch's thread is pinned to one core and the prompt's
-    to the other, and the full session's pool thread, still spinning from the last step, took
-    40-50 ms of the batch's core: its first step on one thread took 70-107 ms against ~45 ms,
-    and that gap was the longest of the prompt's (Zen 4, Qwen1.5-0.5B shape; ``spin_bench``).
-    Decode speed is the same either way (``benchmarks/results/<class>/spin.md``)."""
+
+def session_options(threads: int, spin_us: int | None = SPIN_AFTER_CALL_US):
+    """A session on ``threads`` threads whose idle pool threads spin for ``spin_us`` at most
+    before they sleep (None: onnxruntime's default, the "before" of ``benchmarks.spin_bench``).
+
+    Why bounded: by default a pool thread spins on for ~40 ms of CPU after a call ends. When a
+    prompt goes apart (``workers.scheduler.prefill``), the batch's thread is pinned to one core
+    and the prompt's to the other, and the full session's pool thread, still spinning from the
+    batch's last step, took 40-50 ms of the batch's core: the first step on one thread took
+    70-107 ms against ~45, the prompt's longest gap (Zen 4, Qwen1.5-0.5B shape). Why not zero
+    (``session.force_spinning_stop``): between two of a served reply's steps the worker spends
+    ~0.5 ms sampling and sending, and a pool thread woken from sleep for each step cost ~10% of
+    one stream's decode through the API on the bundled model. 2 ms spans that gap: one stream
+    decodes as before, several 1.04-1.07x faster through the app (the spinning thread no longer
+    takes a core from the dispatcher's process), ``benchmarks/results/<class>/spin*.md``."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
     options.log_severity_level = 3  # not the warning that a saved optimized graph suits this machine only: it is keyed so
-    options.add_session_config_entry("session.force_spinning_stop", "1")
+    if spin_us is not None:
+        options.add_session_config_entry("session.intra_op.spin_duration_us", str(spin_us))
     return options
