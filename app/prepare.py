@@ -19,6 +19,7 @@ Any step that cannot be had falls back to what serves without it, with a log lin
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from app import startup as stages
@@ -34,17 +35,18 @@ from workers.tuning.kernel_choice import Allowed, KernelChoice, choose
 log = logging.getLogger(__name__)
 
 
-def eligible_engines(engine: str, lean_supported: bool, quantize: str, dtype: str, kernel: str,
+def eligible_engines(engine: str, lean_supported: Callable[[], bool], quantize: str, dtype: str, kernel: str,
                      ) -> tuple[EngineKind, ...]:
     """The engines start-up may serve on, given the flags and whether the lean decoder knows the
     architecture: more than one is measured, the first serving where the others cannot be had.
 
     The graph runs int8 throughout, so it competes only where the flags leave every choice to
     measurement (``--quantize int8 --dtype auto --kernel auto``); ``--engine ort`` forces it, and
-    so does ``--quantize int4`` (only the graph has 4-bit weights)."""
+    so does ``--quantize int4`` (only the graph has 4-bit weights). ``lean_supported`` is asked
+    only where the answer matters: it reads the model's config and logs a warning when it is no."""
     if engine == "ort" or quantize == "int4":
         return (EngineKind.ORT,)
-    if engine == "hf" or not lean_supported:
+    if engine == "hf" or not lean_supported():
         return (EngineKind.HF,)
     if engine == "auto" and (quantize, dtype, kernel) == ("int8", "auto", "auto"):
         return (EngineKind.LEAN, EngineKind.ORT)
@@ -59,8 +61,7 @@ def prepare_model(config: AppConfig, layout: WorkerLayout, startup: Startup) -> 
                           report=lambda what: startup.step(what, stages.FETCHING))
     startup.model = model
     log.info("Model: %s — %s", model.name, model.reason)
-    graph_only = config.engine == "ort" or config.quantize == "int4"
-    engines = eligible_engines(config.engine, graph_only or lean_supported(model.path),
+    engines = eligible_engines(config.engine, lambda: lean_supported(model.path),
                                config.quantize, config.dtype, config.kernel)
     if engines == (EngineKind.ORT,):
         spec = prepare_ort(model, cache_dir, layout, startup, config.quantize)
