@@ -71,7 +71,7 @@ def build_router(dispatcher: Dispatcher, startup: Startup, defaults: SamplingPar
             "startup": state.as_dict(),
             "kernels": startup.kernels.report() if startup.kernels else None,
             "engine": startup.engine.report() if startup.engine else None,
-            "quality": dataclasses.asdict(startup.quality) if startup.quality else None,
+            "quality": startup.quality.report() if startup.quality else None,
             "startup_error": state.error,
             "queue_depth": dispatcher.queue_depth,
             "workers": [dataclasses.asdict(w) for w in dispatcher.snapshot()],

@@ -53,7 +53,7 @@ EN = {
     "model_line": "Model: **{name}** — {reason}",
     "kernels": "Kernels: decode {decode}{speed}, prefill {prefill} ({why})",
     "kernel_speed": " at {gbps:.0f} GB/s",
-    "quality": "Weights: 4-bit (`--quantize int4`), perplexity {graph:.2f} against {reference:.2f} in float32 "
+    "quality": "Weights: {bits}-bit in blocks of {block}, perplexity {graph:.2f} against {reference:.2f} in float32 "
                "(**{percent:+.1f}%**), measured here on {tokens} tokens",
     "engine": "Engine: {name}, measured faster here",
     "engine_lean": "the lean decoder", "engine_ort": "the onnxruntime graph",
@@ -110,7 +110,7 @@ ZH = {
     "model_line": "模型：**{name}** — {reason}",
     "kernels": "计算内核：解码 {decode}{speed}，预填充 {prefill}（{why}）",
     "kernel_speed": "（{gbps:.0f} GB/s）",
-    "quality": "权重：4 位（`--quantize int4`），困惑度 {graph:.2f}，float32 为 {reference:.2f}"
+    "quality": "权重：{bits} 位，每块 {block} 个，困惑度 {graph:.2f}，float32 为 {reference:.2f}"
                "（**{percent:+.1f}%**），在本机用 {tokens} 个 token 实测",
     "engine": "推理引擎：{name}，在本机实测更快",
     "engine_lean": "精简解码器", "engine_ort": "onnxruntime 计算图",

@@ -104,8 +104,9 @@ def worker_panel(lang: str, dispatcher: Dispatcher, startup: Startup) -> str:
     if startup.kernels and not (startup.engine and startup.engine.engine != "lean"):  # the kernels serve
         lines += [kernel_line(lang, startup.kernels) + ("" if startup.engine else packed), ""]
     if startup.quality:
-        q = startup.quality
-        lines += [text(lang, "quality", graph=q.graph, reference=q.reference, percent=q.percent, tokens=q.tokens), ""]
+        q, rise = startup.quality, startup.quality.rise
+        lines += [text(lang, "quality", bits=q.bits, block=q.block, graph=rise.graph, reference=rise.reference,
+                       percent=rise.percent, tokens=rise.tokens), ""]
     lines += [text(lang, "table"), "|---|---|---|---|---|---|---|---|---|---|---|"]
     for w in dispatcher.snapshot():
         now, last = w.current_tokens_per_s, w.tokens_per_s  # last is 0 after a Stop: no decode rate

@@ -8,7 +8,8 @@ each stage so the page can say what is happening:
       → ``--quantize int4``: the graph with 4-bit weights, its perplexity rise measured (once; cached)
       → measure the linear kernels on this CPU (once; cached) and pick one
       → prepare the lean decoder's weights for it (once; cached)
-      → where the onnxruntime graph is eligible too: build it, time both engines in a pinned
+      → where the onnxruntime graph is eligible too: build it in the widest int8 blocks whose
+        perplexity keeps the 2% rule (measured once; cached), time both engines in a pinned
         process, serve on the faster, with the graph's fp32 twin for prompts where it was
         measured worth its memory and fits
       → the KV cache's dtype for that engine: measured in a pinned process (once; cached), or forced
@@ -24,13 +25,14 @@ from pathlib import Path
 
 from app import startup as stages
 from app.config import AppConfig
-from app.startup import Startup
+from app.startup import Quality, Startup
 from workers.decoders.lean.model import ModelArgs, UnsupportedModel
 from workers.host.cores import WorkerLayout
 from workers.loading.resolve import ResolvedModel, resolve_model
 from workers.spec import EngineKind, EngineSpec
 from workers.tuning.calibrate import Shapes, calibrate
 from workers.tuning.kernel_choice import Allowed, KernelChoice, choose
+from workers.tuning.perplexity import Rise
 
 log = logging.getLogger(__name__)
 
@@ -121,33 +123,46 @@ def prepare_lean(model: ResolvedModel, choice: KernelChoice, cache_dir: Path, st
 
 def prepare_ort(model: ResolvedModel, cache_dir: Path, layout: WorkerLayout, startup: Startup,
                 quantize: str = "int8") -> EngineSpec:
-    """The model built once as one onnxruntime graph (``workers.decoders.ort``). With 4-bit
-    weights (``--quantize int4``) the price is stated, not promised: their perplexity against
-    the model in float32, measured on ``layout`` (once per graph; cached beside it)."""
-    from workers.decoders.ort.graph import WEIGHTS, build
+    """The model built once as one onnxruntime graph (``workers.decoders.ort``), its weights'
+    perplexity against the model in float32 measured on ``layout`` (once per graph; cached beside
+    it): int8's in the widest quantization blocks that keep the 2% rule
+    (``workers.tuning.block_choice``); 4-bit weights' (``--quantize int4``) as their price,
+    stated, not promised."""
+    from workers.decoders.ort.graph import build, weights
+    from workers.tuning import block_choice
 
-    summary = f"onnxruntime graph: {quantize} MatMulNBits, blocks of 32"
-    startup.step(f"building the onnxruntime graph of {model.name} ({quantize}, once)", stages.PREPARING)
-    graph = build(model.path, cache_dir, WEIGHTS[quantize])
+    def built(block: int) -> Path:
+        startup.step(f"building the onnxruntime graph of {model.name} ({quantize}, blocks of {block}, once)",
+                     stages.PREPARING)
+        return build(model.path, cache_dir, weights(quantize, block))
+
+    def measured(bits: int, block: int, graph: Path) -> Rise:
+        from workers.tuning import perplexity
+
+        startup.step(f"measuring what {bits}-bit weights in blocks of {block} cost in perplexity (once per model)",
+                     stages.MEASURING)
+        return perplexity.measure(model.path, str(graph), layout)
+
     if quantize == "int4":
-        summary += f" (the LM head and the most sensitive layers int8); {quality(model, str(graph), layout, startup)}"
+        graph, block = built(32), 32
+        try:
+            rise = measured(4, block, graph)
+        except (RuntimeError, OSError) as exc:  # the measurement broke, or its cache cannot be written
+            log.warning("Could not measure the perplexity of the 4-bit weights (%s).", exc)
+            weighed = "perplexity rise not measured"
+        else:
+            startup.quality, weighed = Quality(4, block, rise), rise.summary()
+            log.info("--quantize int4: %s; --quantize int8 (the default) stays within 2%%.", weighed)
+        summary = f"int4 MatMulNBits, blocks of 32 (the LM head and the most sensitive layers int8); {weighed}"
+    else:
+        choice = block_choice.choose(built, lambda block, graph: measured(8, block, graph))
+        graph, block = choice.graph, choice.block
+        startup.quality = Quality(8, block, choice.rise) if choice.rise else None
+        summary = f"int8 MatMulNBits, {choice.summary()}"
+    summary = f"onnxruntime graph: {summary}"
     log.info("%s (%s).", summary, graph)
-    return EngineSpec.ort(model.path, str(graph), model_name=model.name, summary=summary, quantize=quantize)
-
-
-def quality(model: ResolvedModel, graph: str, layout: WorkerLayout, startup: Startup) -> str:
-    """The 4-bit graph's perplexity rise over float32 (``workers.tuning.perplexity``), in words."""
-    from workers.tuning import perplexity
-
-    startup.step("measuring what 4-bit weights cost in perplexity (once per model)", stages.MEASURING)
-    try:
-        rise = perplexity.measure(model.path, graph, layout)
-    except (RuntimeError, OSError) as exc:  # the measurement broke, or its cache cannot be written
-        log.warning("Could not measure the perplexity of the 4-bit weights (%s).", exc)
-        return "perplexity rise not measured"
-    log.info("--quantize int4: %s; --quantize int8 (the default) stays within 2%%.", rise.summary())
-    startup.quality = rise
-    return rise.summary()
+    return EngineSpec.ort(model.path, str(graph), model_name=model.name, summary=summary, quantize=quantize,
+                          block=block)
 
 
 def choose_engine(config: AppConfig, lean: EngineSpec, model: ResolvedModel, layout: WorkerLayout,
@@ -166,10 +181,13 @@ def choose_engine(config: AppConfig, lean: EngineSpec, model: ResolvedModel, lay
         timings = engine_choice.measure({"lean": lean, "ort": ort}, layout, config.max_batch, cache_dir)
     except RuntimeError as exc:
         log.warning("The onnxruntime graph is not a candidate (%s); serving on the lean decoder.", exc)
+        startup.quality = None  # the graph's, if measured: not what serves
         return lean
     choice = startup.engine = engine_choice.pick(timings)
     log.info("Engines measured: %s; serving on %s.",
              "; ".join(f"{name}: {t.summary()}" for name, t in timings.items()), choice.engine)
+    if choice.engine == "lean":
+        startup.quality = None
     chosen = lean if choice.engine == "lean" else serving_prefill(ort, timings["ort"].prefill)
     return chosen.with_prefill(chosen.prefill, f"; engine measured fastest: {timings[choice.engine].summary()}")
 

@@ -17,7 +17,7 @@ running.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from workers.tuning.kernel_choice import KernelChoice
 from workers.tuning.engine_choice import EngineChoice
@@ -42,6 +42,18 @@ class StartupState:
         return {"stage": self.stage, "fraction": self.fraction, "error": self.error, "done": self.done}
 
 
+@dataclass(frozen=True)
+class Quality:
+    """The graph's weights and what they cost in perplexity, measured here (``app.prepare``)."""
+
+    bits: int
+    block: int  # weights per quantization block
+    rise: Rise
+
+    def report(self) -> dict:
+        return {"bits": self.bits, "block": self.block, **asdict(self.rise)}
+
+
 @dataclass
 class Startup:
     """Written by the preparing thread, read by the page and /health (through ``snapshot``)."""
@@ -49,7 +61,7 @@ class Startup:
     model: ResolvedModel | None = None  # set once resolved (one reference assignment: no lock needed)
     kernels: KernelChoice | None = None  # set once measured (likewise)
     engine: EngineChoice | None = None  # set where --engine auto measured the engines (likewise)
-    quality: Rise | None = None  # set where --quantize int4 measured its weights' perplexity (likewise)
+    quality: Quality | None = None  # set where the graph's weights were measured against float32 (likewise)
     _state: StartupState = field(default_factory=lambda: StartupState("Starting", 0.0))
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

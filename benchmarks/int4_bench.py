@@ -28,13 +28,13 @@ from pathlib import Path
 
 from benchmarks.run import CACHE, _machine, entry, run_module, save
 from benchmarks.stats import Summary
-from workers.decoders.ort.graph import WEIGHTS as APP_WEIGHTS
+from workers.decoders.ort.graph import weights
 from workers.tuning import perplexity
 
 WEIGHTS = {  # name → the builder's options: the app's (``--quantize``), and 4 bits throughout
-    "int8": APP_WEIGHTS["int8"],
-    "int4, all (rtn)": (*APP_WEIGHTS["int8"][:1], "int4", *APP_WEIGHTS["int8"][2:], "algo_config=rtn"),
-    "int4, mixed (k_quant_mixed): --quantize int4": APP_WEIGHTS["int4"],
+    "int8": weights("int8"),
+    "int4, all (rtn)": (*weights("int8")[:1], "int4", *weights("int8")[2:], "algo_config=rtn"),
+    "int4, mixed (k_quant_mixed): --quantize int4": weights("int4"),
 }
 STEPS, CONTEXT = 64, 64  # decode steps timed per sample, after a prompt of this many tokens
 LLAMA_QUANTS = ("Q8_0", "Q4_K_M")  # beside the bf16 GGUF and the package's own Q4_1 file

@@ -16,13 +16,13 @@ from tests.asks import CAPITAL
 from tests.e2e import running_app
 from tests.test_ort_engine import ort_graph  # noqa: F401 - a fixture
 from workers.decoders.ort.decoder import OrtDecoder
-from workers.decoders.ort.graph import WEIGHTS, build
+from workers.decoders.ort.graph import build, weights
 from workers.tuning import perplexity
 
 
 @pytest.fixture(scope="module")
 def int4_graph(bundled_model, cache_dir):
-    return build(bundled_model.path, cache_dir, WEIGHTS["int4"])
+    return build(bundled_model.path, cache_dir, weights("int4"))
 
 
 def test_the_measurement_tells_int8_from_4_bit_weights(bundled_model, ort_graph, int4_graph):  # noqa: F811
@@ -48,7 +48,7 @@ def test_the_app_serves_4_bit_weights_and_states_their_price(tmp_path, int4_grap
         assert all("int4 MatMulNBits" in w["kernels"] and rise in w["kernels"] for w in health["workers"])
         assert f"--quantize int4: perplexity {quality['graph']:.2f} against {quality['reference']:.2f}" in app.log()
         panel = Client(app.url + "/", verbose=False).predict(api_name="/panel")
-        assert f"**{rise}**" in panel and "--quantize int4" in panel, panel
+        assert f"**{rise}**" in panel and "4-bit in blocks of 32" in panel, panel
         reply = httpx.post(f"{app.url}/v1/chat/completions", timeout=300, json={
             "model": "any", "max_tokens": 16, "temperature": 0,
             "messages": [{"role": "user", "content": CAPITAL}]}).json()

@@ -94,7 +94,7 @@ def localize(spec: WorkerSpec, model: str, cache_dir: str) -> WorkerSpec:
     if Path(engine.model_path).is_dir() and (engine.weights is None or Path(engine.weights).exists()):
         return spec
     from workers.decoders.lean.weights import prepare
-    from workers.decoders.ort.graph import WEIGHTS, build
+    from workers.decoders.ort.graph import build, weights
     from workers.loading.resolve import resolve_model
 
     cache = Path(cache_dir).expanduser()
@@ -107,7 +107,7 @@ def localize(spec: WorkerSpec, model: str, cache_dir: str) -> WorkerSpec:
         if engine.engine is EngineKind.LEAN:
             weights = str(prepare(resolved.path, engine.kernel, cache))
         elif engine.engine is EngineKind.ORT:
-            weights = str(build(resolved.path, cache, WEIGHTS[engine.quantize]))
+            weights = str(build(resolved.path, cache, weights(engine.quantize, engine.block)))
     return replace(spec, engine=replace(engine, model_path=resolved.path, weights=weights))
 
 

@@ -46,7 +46,8 @@ class EngineSpec:
     summary: str = ""  # the kernel and engine choice in words, for the log, the panel and /health
     kv: str | None = None  # LEAN, ORT: the KV cache's dtype (workers.decoders.kv_choice); None: the engine's own
     # (the compute dtype; the graph's float32)
-    quantize: str = "int8"  # ORT: the graph's weights (``workers.decoders.ort.graph.WEIGHTS``: --quantize)
+    quantize: str = "int8"  # ORT: the graph's weights (``workers.decoders.ort.graph.weights``: --quantize)
+    block: int = 32  # ORT: their quantization blocks (int8: ``workers.tuning.block_choice``)
 
     @classmethod
     def lean(cls, model_path: str, weights: str, kernel: str, prefill: str | None = None, dtype: str = "float32",
@@ -55,9 +56,9 @@ class EngineSpec:
 
     @classmethod
     def ort(cls, model_path: str, graph: str, prefill: str | None = None, model_name: str = "",
-            summary: str = "", quantize: str = "int8") -> EngineSpec:
+            summary: str = "", quantize: str = "int8", block: int = 32) -> EngineSpec:
         return cls(EngineKind.ORT, model_path, model_name or model_path, graph, "float32", None, prefill, summary,
-                   quantize=quantize)
+                   quantize=quantize, block=block)
 
     @classmethod
     def hf(cls, model_path: str, dtype: str = "float32", model_name: str = "", summary: str = "") -> EngineSpec:

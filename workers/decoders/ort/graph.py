@@ -52,13 +52,6 @@ from workers.host.publish import publishing
 
 log = logging.getLogger("workers")
 
-WEIGHTS = {  # --quantize → the builder's options
-    "int8": ("-p", "int8", "-e", "cpu", "--extra_options", "accuracy_level=4", "block_size=32"),
-    # 4-bit weights, with the LM head and the layers llama.cpp's Q4_K_M keeps wider in 8 bits (the
-    # builder's ``k_quant_mixed``); measured in benchmarks/int4_bench.py
-    "int4": ("-p", "int4", "-e", "cpu", "--extra_options", "accuracy_level=4", "block_size=32",
-             "algo_config=k_quant_mixed"),
-}
 MARKER = "genai_config.json"  # what makes a directory an onnxruntime-genai model
 GRAPH = "model-mixed.onnx"  # the builder's graph rewritten by ``mix``
 PREFILL_GRAPH = "model-prefill.onnx"  # ``GRAPH`` with fp32 weights in the layers: ``widen``
@@ -68,13 +61,22 @@ GRAPH_VERSION = "4"  # bump when what ``build`` writes changes
 QUERY, KEY, VALUE, PAST_KEY, PAST_VALUE, SEQLENS, TOTAL = range(7)
 
 
+def weights(quantize: str = "int8", block: int = 32) -> tuple[str, ...]:
+    """The builder's options for ``--quantize``'s weights in blocks of ``block`` (int8: chosen by
+    ``workers.tuning.block_choice``). ``accuracy_level=4``: int8 activations, quantized in the same
+    blocks. ``int4`` keeps the LM head and the layers llama.cpp's Q4_K_M keeps wider in 8 bits (the
+    builder's ``k_quant_mixed``; measured in benchmarks/int4_bench.py)."""
+    options = ("-p", quantize, "-e", "cpu", "--extra_options", "accuracy_level=4", f"block_size={block}")
+    return options + (("algo_config=k_quant_mixed",) if quantize == "int4" else ())
+
+
 def is_ort_model(path: str | None) -> bool:
     return bool(path) and (Path(path) / GRAPH).is_file()
 
 
-def build(model_path: str, cache_dir: Path, options: tuple[str, ...] = WEIGHTS["int8"]) -> Path:
+def build(model_path: str, cache_dir: Path, options: tuple[str, ...] = weights()) -> Path:
     """The mixed onnxruntime graph of ``model_path`` (int8 weights in blocks of 32), built once;
-    ``options``: the builder's others (e.g. ``WEIGHTS["int4"]``)."""
+    ``options``: the builder's others (e.g. ``weights("int4")``)."""
     from workers.decoders.lean.weights import weights_stamp
 
     config = (Path(model_path) / "config.json").read_text()
@@ -228,7 +230,8 @@ def widen(source: Path, dest: Path) -> None:
             q = _values(source.parent, tensors[node.input[1]], np.uint8).reshape(n, -1).astype(np.float32)
             scales = _values(source.parent, tensors[node.input[2]], np.float32).reshape(n, -1, 1)
             q -= 128
-            weight = np.ascontiguousarray((q.reshape(n, -1, attrs["block_size"]) * scales).reshape(n, k).T)
+            # K rounded up to whole blocks (576 in blocks of 128: 640); the padding is cut off
+            weight = np.ascontiguousarray((q.reshape(n, -1, attrs["block_size"]) * scales).reshape(n, -1)[:, :k].T)
             name = f"{node.input[1]}/fp32"
             tensor = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=[k, n],
                                  data_location=TensorProto.EXTERNAL)

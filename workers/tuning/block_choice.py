@@ -1,0 +1,63 @@
+"""How wide the int8 graph's quantization blocks are: the widest whose perplexity keeps the 2% rule.
+
+Why: MLAS's int8 ``MatMulNBits`` does work per block (each block's int32 sum is converted and
+scaled; a float scale is read with every 32 weights), so wider blocks make every call cheaper.
+Measured on Zen 4 (``benchmarks/block_bench.py``, 2 threads), blocks of 128 against 32: decode
+1.36× faster on the Qwen1.5-0.5B shape and 1.26× on the bundled model, a step of 4 rows 1.27× /
+1.20×, a 128-token prefill in 0.76× / 0.80× of the time. The price is quality, and it depends
+on the model: MLAS quantizes the activations in the same blocks, so one outlier activation
+coarsens the 127 others beside it. On the bundled model the perplexity rise over float32 is
++1.55% with blocks of 128, +0.64% with 64 and +0.50% with 32. So it is measured per model
+(``workers.tuning.perplexity``, once per graph, cached beside it), never assumed: the widest
+blocks whose rise stays within the 2% that int8 promises serve, and blocks of 32 where none
+does (or the measurement cannot be had).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from workers.tuning.perplexity import Rise
+
+log = logging.getLogger(__name__)
+
+WIDE = (128, 64)  # tried widest first
+NARROW = 32  # the floor, served unmeasured: +0.5% on the bundled model, as llama.cpp's q8_0 blocks
+BUDGET_PERCENT = 2.0  # the rise over float32 that int8 weights may cost (the README's 2% rule)
+
+
+@dataclass(frozen=True)
+class BlockChoice:
+    """The blocks chosen, with the measurements behind the choice."""
+
+    graph: Path
+    block: int
+    rise: Rise | None  # the served graph's, where measured (blocks of ``NARROW`` are not)
+    refused: tuple[tuple[int, str], ...] = field(default=())  # (block, why) for the wider ones not served
+
+    def summary(self) -> str:
+        why = "; ".join(f"blocks of {block} refused: {reason}" for block, reason in self.refused)
+        measured = f", {self.rise.summary()}" if self.rise else ""
+        return f"blocks of {self.block}{measured}" + (f" ({why})" if why else "")
+
+
+def choose(build: Callable[[int], Path], measure: Callable[[int, Path], Rise]) -> BlockChoice:
+    """The widest of ``WIDE`` whose graph (``build(block)``) measures within the budget
+    (``measure(block, graph)``), else ``NARROW``. A wider graph that cannot be built or measured
+    is passed over, with the reason."""
+    refused: list[tuple[int, str]] = []
+    for block in WIDE:
+        try:
+            graph = build(block)
+            rise = measure(block, graph)
+        except (RuntimeError, OSError) as exc:
+            log.warning("int8 weights in blocks of %d could not be measured (%s); trying narrower ones.", block, exc)
+            refused.append((block, f"not measured, {exc}"))
+            continue
+        if rise.percent <= BUDGET_PERCENT:
+            return BlockChoice(graph, block, rise, tuple(refused))
+        refused.append((block, f"perplexity {rise.percent:+.1f}% over float32, past {BUDGET_PERCENT:.0f}%"))
+    return BlockChoice(build(NARROW), NARROW, None, tuple(refused))
