@@ -94,7 +94,7 @@ def localize(spec: WorkerSpec, model: str, cache_dir: str) -> WorkerSpec:
     if Path(engine.model_path).is_dir() and (engine.weights is None or Path(engine.weights).exists()):
         return spec
     from workers.decoders.lean.weights import prepare
-    from workers.decoders.ort.graph import build, weights
+    from workers.decoders.ort import graph
     from workers.loading.resolve import resolve_model
 
     cache = Path(cache_dir).expanduser()
@@ -103,12 +103,12 @@ def localize(spec: WorkerSpec, model: str, cache_dir: str) -> WorkerSpec:
         fcntl.flock(lock, fcntl.LOCK_EX)
         log.info("preparing %s on this node (the head's path %s is not here)", model, engine.model_path)
         resolved = resolve_model(model, cache)
-        weights = None  # transformers reads the model directory itself
+        prepared = None  # transformers reads the model directory itself
         if engine.engine is EngineKind.LEAN:
-            weights = str(prepare(resolved.path, engine.kernel, cache))
+            prepared = str(prepare(resolved.path, engine.kernel, cache))
         elif engine.engine is EngineKind.ORT:
-            weights = str(build(resolved.path, cache, weights(engine.quantize, engine.block)))
-    return replace(spec, engine=replace(engine, model_path=resolved.path, weights=weights))
+            prepared = str(graph.build(resolved.path, cache, graph.weights(engine.quantize, engine.block)))
+    return replace(spec, engine=replace(engine, model_path=resolved.path, weights=prepared))
 
 
 class WorkerActor:

@@ -3,8 +3,8 @@
 Why: MLAS's int8 ``MatMulNBits`` does work per block (each block's int32 sum is converted and
 scaled; a float scale is read with every 32 weights), so wider blocks make every call cheaper.
 Measured on Zen 4 (``benchmarks/block_bench.py``, 2 threads), blocks of 128 against 32: decode
-1.36× faster on the Qwen1.5-0.5B shape and 1.26× on the bundled model, a step of 4 rows 1.27× /
-1.20×, a 128-token prefill in 0.76× / 0.80× of the time. The price is quality, and it depends
+1.24× faster on the Qwen1.5-0.5B shape and on the bundled model, a step of 4 rows 1.12× / 1.24×,
+a 128-token prefill 1.22× / 1.25×. The price is quality, and it depends
 on the model: MLAS quantizes the activations in the same blocks, so one outlier activation
 coarsens the 127 others beside it. On the bundled model the perplexity rise over float32 is
 +1.55% with blocks of 128, +0.64% with 64 and +0.50% with 32. So it is measured per model
