@@ -63,11 +63,6 @@ def measure(spec: dict) -> dict:
     return out
 
 
-def paired(values: list[float], base: list[float], inverse: bool = False) -> Summary:
-    """Per-round ratios to blocks of 32 (``inverse``: theirs over this one's, for times)."""
-    return Summary.of([(b / v) if inverse else (v / b) for v, b in zip(values, base)])
-
-
 def main(argv: list[str] | None = None) -> int:
     from workers.loading.resolve import resolve_model
 
@@ -96,9 +91,9 @@ def main(argv: list[str] | None = None) -> int:
             row = result[block]
             rise = f"{row['rise_percent']:+.2f}%" if "rise_percent" in row else "–"
             lines.append(f"| {block} | {rise} | {Summary.of(row['prefill_ms'])} | "
-                         f"{paired(row['prefill_ms'], base['prefill_ms'], inverse=True)} | "
-                         f"{Summary.of(row['tok_s_1'])} | {paired(row['tok_s_1'], base['tok_s_1'])} | "
-                         f"{Summary.of(row['tok_s_4'])} | {paired(row['tok_s_4'], base['tok_s_4'])} |")
+                         f"{Summary.paired(row['prefill_ms'], base['prefill_ms'], higher_is_better=False)} | "
+                         f"{Summary.of(row['tok_s_1'])} | {Summary.paired(row['tok_s_1'], base['tok_s_1'])} | "
+                         f"{Summary.of(row['tok_s_4'])} | {Summary.paired(row['tok_s_4'], base['tok_s_4'])} |")
         lines.append("")
     save(machine, "blocks", {"machine": machine, "results": results}, "\n".join(lines))
     return 0

@@ -295,9 +295,8 @@ def paired_ratio(app_runs: list[dict], other_runs: list[dict], key: str) -> dict
     def per_round(run: dict) -> float:
         v = run[key]
         return statistics.median(v) if isinstance(v, list) else v
-    ratios = [(per_round(o) / per_round(a)) if key == "ttft_ms" else (per_round(a) / per_round(o))
-              for a, o in zip(app_runs, other_runs)]
-    return Summary.of(ratios).dict()
+    return Summary.paired([per_round(a) for a in app_runs], [per_round(o) for o in other_runs],
+                          higher_is_better=key != "ttft_ms").dict()
 
 
 # --- the run -------------------------------------------------------------------------

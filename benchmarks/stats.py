@@ -17,6 +17,12 @@ class Summary:
     def of(cls, values: list[float]) -> Summary:
         return cls(statistics.median(values), min(values), max(values), len(values))
 
+    @classmethod
+    def paired(cls, values: list[float], base: list[float], higher_is_better: bool = True) -> Summary:
+        """Ratios to ``base`` round by round (the two measured back to back, so a slower spell of a
+        shared machine falls on both); above 1, ``values`` is better (for times: ``base``'s over these)."""
+        return cls.of([(v / b) if higher_is_better else (b / v) for v, b in zip(values, base, strict=True)])
+
     def ratio_to(self, base: Summary, higher_is_better: bool = True) -> Summary:
         """The ratio of medians, with a range from the extremes of both runs."""
         if higher_is_better:
