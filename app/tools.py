@@ -29,7 +29,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.api_errors import FieldError
-from app.structured import JSON_LAYOUT, json_grammar
+from app.structured import JSON_LAYOUT, closed_objects, json_grammar
 from workers.protocol import ChatMessage
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -128,7 +128,8 @@ def tool_grammar(tools: list[ToolDef], choice: ToolChoice | None, parallel: bool
     for i, tool in enumerate(tools):  # each schema on its own, so a bad one's 400 names it
         json_grammar(tool.function.parameters, bool(tool.function.strict), f"tools.{i}.function.parameters")
     call = {"anyOf": [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-                       "properties": {"name": {"const": t.function.name}, "arguments": t.function.parameters}}
+                       "properties": {"name": {"const": t.function.name},
+                                      "arguments": closed_objects(t.function.parameters)}}
                       for t in tools], "x-guidance": {**JSON_LAYOUT, "lenient": True}}
     more = f'("\\n" tag_open body){{0,{MAX_CALLS - 1}}}' if parallel else ""
     rules = [f'body: "\\n" %json {json.dumps(call)} "\\n" tag_close',

@@ -125,6 +125,64 @@ def test_llama_cpps_spelling_is_the_same_grammar_as_openais():
     assert response_grammar(ResponseFormat(type="text")) == ""
 
 
+def accepts(grammar: str, text: str) -> bool:
+    """Whether ``grammar`` allows ``text`` as a whole reply: byte by byte (the byte tokenizer's
+    ids are the bytes), then the end of the turn."""
+    tokenizer = byte_tokenizer()
+    stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    mask = Grammars(tokenizer, (stop,)).mask(grammar)
+    for token in [*text.encode(), stop]:
+        if not mask.allowed()[token]:
+            return False
+        mask.advance(token)
+    return True
+
+
+CONCISE = {"type": "object", "properties": {"name": {"type": "string"}, "country": {"type": "string"}},
+           "required": ["name", "country"]}  # what the llm CLI's --schema "name, country" sends, strict off
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_an_object_holds_only_the_properties_its_schema_names(strict):
+    """The bundled model, asked by the llm CLI for name and country, added a capital_city."""
+    grammar = response_grammar(schema_format(CONCISE, strict=strict))
+    assert accepts(grammar, '{"name": "Paris", "country": "France"}')
+    assert not accepts(grammar, '{"name": "Paris", "capital_city": "Paris", "country": "France"}')
+    assert not accepts(grammar, '{"name": "Paris", "country": "France", "capital_city": "Paris"}')
+    wider = response_grammar(schema_format({**CONCISE, "additionalProperties": {"type": "integer"}}, strict))
+    assert accepts(wider, '{"name": "Paris", "country": "France", "population": 2}')  # a schema that says so
+
+
+def test_nested_objects_and_alternatives_are_closed_and_the_parts_of_an_all_of_are_not():
+    place = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    schema = {"type": "object", "$defs": {"place": place}, "required": ["at", "either", "both"], "properties": {
+        "at": {"$ref": "#/$defs/place"},
+        "either": {"anyOf": [place, {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}]},
+        "both": {"allOf": [place, {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}]}}}
+    grammar = response_grammar(schema_format(schema, strict=False))
+    good = {"at": {"city": "a"}, "either": {"n": 1}, "both": {"city": "b", "n": 2}}
+    assert accepts(grammar, json.dumps(good))
+    for path, extra in ((("at",), "x"), (("either",), "x"), ((), "x")):
+        bad = json.loads(json.dumps(good))
+        target = bad
+        for key in path:
+            target = target[key]
+        target[extra] = "y"
+        assert not accepts(grammar, json.dumps(bad)), bad
+    assert schema["properties"]["at"] == {"$ref": "#/$defs/place"} and "additionalProperties" not in place  # unchanged
+
+
+def test_a_tool_call_holds_only_the_arguments_its_function_names():
+    from app.tools import ToolDef, tool_grammar
+
+    tool = ToolDef.model_validate({"type": "function", "function": {"name": "weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}})
+    grammar = tool_grammar([tool], "required", parallel=False)
+    call = '<tool_call>\n{"name": "weather", "arguments": %s}\n</tool_call>'
+    assert accepts(grammar, call % '{"city": "Paris"}')
+    assert not accepts(grammar, call % '{"city": "Paris", "units": "C"}')
+
+
 @pytest.mark.parametrize("tags_are_tokens", [False, True])
 @pytest.mark.parametrize("choice", ["required", "auto"])
 def test_random_logits_under_a_tool_grammar_give_calls_that_validate(tags_are_tokens, choice):
