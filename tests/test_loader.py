@@ -2,6 +2,7 @@
 (The start-up checks on ``--model`` and reading the memory available:
 ``tests/unit/test_model_specs.py``.)"""
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from workers.generation.engine import Engine
 from workers.loading import resolve
 from workers.loading.load import load
 from workers.spec import EngineSpec
-from workers.loading.resolve import bundled_gguf, convert_gguf, resolve_model
+from workers.loading.resolve import bundled_gguf, content_digest, convert_gguf, resolve_model
 from workers.protocol import ChatMessage, EngineConfig, SamplingParams
 
 
@@ -43,6 +44,24 @@ def test_gguf_conversion_happens_once(bundled_model, cache_dir):
     again = convert_gguf(bundled_gguf(), cache_dir, report=slow_steps.append)
     assert str(again) == bundled_model.path
     assert slow_steps == [] and stamps(converted) == before  # found in the cache: nothing converted or written
+
+
+def test_the_same_gguf_elsewhere_reuses_its_conversion_and_a_changed_one_does_not(bundled_model, cache_dir,
+                                                                                 tmp_path):
+    """A fresh install puts the bundled file in a new virtual environment: the same bytes at a
+    new path and time. It reuses the conversion (and so every graph keyed on it)."""
+    copy = tmp_path / bundled_gguf().name
+    shutil.copyfile(bundled_gguf(), copy)
+    converted = Path(bundled_model.path)
+    before, slow_steps = stamps(converted), []
+    assert str(convert_gguf(copy, cache_dir, report=slow_steps.append)) == bundled_model.path
+    assert slow_steps == [] and stamps(converted) == before
+    with copy.open("r+b") as f:  # one byte of the weights changed, the size kept
+        f.seek(-1, 2)
+        last = f.read(1)
+        f.seek(-1, 2)
+        f.write(bytes([last[0] ^ 1]))
+    assert content_digest(copy, cache_dir) != content_digest(bundled_gguf(), cache_dir)
 
 
 def test_local_qwen2_directory_loads_and_generates(tiny_qwen, cache_dir):
