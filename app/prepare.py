@@ -128,7 +128,7 @@ def prepare_ort(model: ResolvedModel, cache_dir: Path, layout: WorkerLayout, sta
     it): int8's in the widest quantization blocks that keep the 2% rule
     (``workers.tuning.block_choice``); 4-bit weights' (``--quantize int4``) as their price,
     stated, not promised."""
-    from workers.decoders.ort.graph import build, weights
+    from workers.decoders.ort.graph import build, packable_4bit, weights
     from workers.tuning import block_choice
 
     def built(block: int) -> Path:
@@ -144,16 +144,17 @@ def prepare_ort(model: ResolvedModel, cache_dir: Path, layout: WorkerLayout, sta
         return perplexity.measure(model.path, str(graph), layout)
 
     if quantize == "int4":
-        graph, block = built(32), 32
         try:
-            rise = measured(4, block, graph)
+            choice = block_choice.choose_4bit(built, lambda block, graph: measured(4, block, graph),
+                                              packable_4bit(model.path, block_choice.WIDE))
         except (RuntimeError, OSError) as exc:  # the measurement broke, or its cache cannot be written
             log.warning("Could not measure the perplexity of the 4-bit weights (%s).", exc)
-            weighed = "perplexity rise not measured"
+            graph, block, weighed = built(32), 32, "blocks of 32, perplexity rise not measured"
         else:
-            startup.quality, weighed = Quality(4, block, rise), rise.summary()
-            log.info("--quantize int4: %s; --quantize int8 (the default) stays within 2%%.", weighed)
-        summary = f"int4 MatMulNBits, blocks of 32 (the LM head and the most sensitive layers int8); {weighed}"
+            graph, block, weighed = choice.graph, choice.block, choice.summary()
+            startup.quality = Quality(4, block, choice.rise)
+            log.info("--quantize int4: %s; --quantize int8 (the default) stays within 2%%.", choice.rise.summary())
+        summary = f"int4 MatMulNBits (the LM head and the most sensitive layers int8), {weighed}"
     else:
         choice = block_choice.choose(built, lambda block, graph: measured(8, block, graph))
         graph, block = choice.graph, choice.block

@@ -53,3 +53,37 @@ def test_the_app_serves_4_bit_weights_and_states_their_price(tmp_path, int4_grap
             "model": "any", "max_tokens": 16, "temperature": 0,
             "messages": [{"role": "user", "content": CAPITAL}]}).json()
         assert "Paris" in reply["choices"][0]["message"]["content"]
+
+
+@pytest.fixture(scope="module")
+def wide_rows_qwen(tmp_path_factory, bundled_tokenizer):
+    """A small random Qwen2 whose rows hold an even number of blocks of 128 (256 and 512
+    inputs), so onnxruntime's 4-bit quantizer can store them: the bundled model's 576 cannot."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=len(bundled_tokenizer), hidden_size=256, intermediate_size=512,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=2048, tie_word_embeddings=True,
+                         eos_token_id=bundled_tokenizer.eos_token_id)
+    path = tmp_path_factory.mktemp("wide-rows-qwen")
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    bundled_tokenizer.save_pretrained(path)
+    return path
+
+
+def test_4_bit_weights_serve_in_the_widest_blocks_within_two_points_of_blocks_of_32(tmp_path, wide_rows_qwen):
+    """Blocks of 32 measured first, then 128 (``workers.tuning.block_choice.choose_4bit``): on
+    random weights the two cost about the same, so 128 serves, and the app says which and why."""
+    with running_app(tmp_path, "--model", str(wide_rows_qwen), "--quantize", "int4", "--workers", "1",
+                     "--threads-per-worker", "2", "--cache-dir", str(tmp_path / "cache"), ready_timeout_s=600) as app:
+        quality = app.health()["quality"]
+        assert (quality["bits"], quality["block"], quality["tokens"] > 1500) == (4, 128, True)
+        kernels = app.health()["workers"][0]["kernels"]
+        assert "int4 MatMulNBits" in kernels and "blocks of 128, perplexity" in kernels, kernels
+        assert "(blocks of 32: +" in kernels  # the rise 128 was held to
+        assert len(list((tmp_path / "cache" / "ort-genai").glob("wide-rows-qwen*"))) == 2  # 32 and 128, not 64
+        reply = httpx.post(f"{app.url}/v1/chat/completions", timeout=300, json={
+            "model": "any", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+        assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"] is not None

@@ -62,7 +62,7 @@ QUERY, KEY, VALUE, PAST_KEY, PAST_VALUE, SEQLENS, TOTAL = range(7)
 
 
 def weights(quantize: str = "int8", block: int = 32) -> tuple[str, ...]:
-    """The builder's options for ``--quantize``'s weights in blocks of ``block`` (int8: chosen by
+    """The builder's options for ``--quantize``'s weights in blocks of ``block`` (chosen by
     ``workers.tuning.block_choice``). ``accuracy_level=4``: int8 activations, quantized in the same
     blocks. ``int4`` keeps the LM head and the layers llama.cpp's Q4_K_M keeps wider in 8 bits (the
     builder's ``k_quant_mixed``; measured in benchmarks/int4_bench.py)."""
@@ -70,13 +70,24 @@ def weights(quantize: str = "int8", block: int = 32) -> tuple[str, ...]:
     return options + (("algo_config=k_quant_mixed",) if quantize == "int4" else ())
 
 
+def packable_4bit(model_path: str, blocks: tuple[int, ...]) -> tuple[int, ...]:
+    """Those of ``blocks`` onnxruntime's 4-bit quantizer can store for this model. It packs each
+    weight's zero points two to a byte per output row and fails on an odd number of blocks per
+    row (``ValueError: cannot reshape``, after the whole model was converted): SmolLM2-135M's
+    576 inputs in blocks of 64 or 128. Blocks of 32 pack for every model here."""
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    head_size = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    inputs = {config["hidden_size"], config["intermediate_size"], config["num_attention_heads"] * head_size}
+    return tuple(block for block in blocks if all(-(-k // block) % 2 == 0 for k in inputs))
+
+
 def is_ort_model(path: str | None) -> bool:
     return bool(path) and (Path(path) / GRAPH).is_file()
 
 
 def build(model_path: str, cache_dir: Path, options: tuple[str, ...] = weights()) -> Path:
-    """The mixed onnxruntime graph of ``model_path`` (int8 weights in blocks of 32), built once;
-    ``options``: the builder's others (e.g. ``weights("int4")``)."""
+    """The mixed onnxruntime graph of ``model_path``, built once; ``options``: the builder's
+    (``weights``: int8 in blocks of 32 unless told otherwise)."""
     from workers.decoders.lean.weights import weights_stamp
 
     config = (Path(model_path) / "config.json").read_text()
