@@ -13,8 +13,8 @@ blocks whose rise stays within the 2% that int8 promises serve, and blocks of 32
 does (or the measurement cannot be had).
 
 4-bit weights (``--quantize int4``) promise no such bound: their price is measured and stated.
-Wider blocks gain as much there (Zen 4, the Qwen1.5-0.5B shape, 128 against 32: decode 1.23×,
-a 128-token prefill 1.30×), so ``choose_4bit`` measures blocks of 32 first and lets wider ones
+Wider blocks gain as much there (Zen 4, the Qwen1.5-0.5B shape, 128 against 32: decode 1.35×,
+a 128-token prefill 1.35×), so ``choose_4bit`` measures blocks of 32 first and lets wider ones
 cost at most the same 2 points more (``BUDGET_PERCENT``).
 """
 
