@@ -64,7 +64,7 @@ def choose(build: Callable[[int], Path], measure: Callable[[int, Path], Rise], b
             graph = build(block)
             rise = measure(block, graph)
         except (RuntimeError, OSError) as exc:
-            log.warning("int8 weights in blocks of %d could not be measured (%s); trying narrower ones.", block, exc)
+            log.warning("Weights in blocks of %d could not be measured (%s); trying narrower ones.", block, exc)
             refused.append((block, f"not measured, {exc}"))
             continue
         if rise.percent <= budget:

@@ -76,8 +76,11 @@ def packable_4bit(model_path: str, blocks: tuple[int, ...]) -> tuple[int, ...]:
     row (``ValueError: cannot reshape``, after the whole model was converted): SmolLM2-135M's
     576 inputs in blocks of 64 or 128. Blocks of 32 pack for every model here."""
     config = json.loads((Path(model_path) / "config.json").read_text())
-    head_size = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    inputs = {config["hidden_size"], config["intermediate_size"], config["num_attention_heads"] * head_size}
+    try:
+        head_size = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+        inputs = {config["hidden_size"], config["intermediate_size"], config["num_attention_heads"] * head_size}
+    except KeyError:  # named otherwise: only blocks of 32 are tried
+        return ()
     return tuple(block for block in blocks if all(-(-k // block) % 2 == 0 for k in inputs))
 
 
