@@ -5,7 +5,8 @@ each stage so the page can say what is happening:
 
     resolve the model (cache, hub, GGUF conversion, or the bundled fallback)
       → which engines may serve it (``eligible_engines``: the flags and the architecture)
-      → ``--quantize int4``: the graph with 4-bit weights, its perplexity rise measured (once; cached)
+      → ``--quantize int4``: the graph with 4-bit weights in the widest blocks within 2 points of
+        blocks of 32's perplexity rise (measured once; cached)
       → measure the linear kernels on this CPU (once; cached) and pick one
       → prepare the lean decoder's weights for it (once; cached)
       → where the onnxruntime graph is eligible too: build it in the widest int8 blocks whose
@@ -136,34 +137,33 @@ def prepare_ort(model: ResolvedModel, cache_dir: Path, layout: WorkerLayout, sta
                      stages.PREPARING)
         return build(model.path, cache_dir, weights(quantize, block))
 
-    def measured(bits: int, block: int, graph: Path) -> Rise:
+    bits = 4 if quantize == "int4" else 8
+
+    def measured(block: int, graph: Path) -> Rise:
         from workers.tuning import perplexity
 
         startup.step(f"measuring what {bits}-bit weights in blocks of {block} cost in perplexity (once per model)",
                      stages.MEASURING)
         return perplexity.measure(model.path, str(graph), layout)
 
+    unmeasured = ""
     if quantize == "int4":
         try:
-            choice = block_choice.choose_4bit(built, lambda block, graph: measured(4, block, graph),
-                                              packable_4bit(model.path, block_choice.WIDE))
+            choice = block_choice.choose_4bit(built, measured, packable_4bit(model.path, block_choice.WIDE))
         except (RuntimeError, OSError) as exc:  # the measurement broke, or its cache cannot be written
             log.warning("Could not measure the perplexity of the 4-bit weights (%s).", exc)
-            graph, block, weighed = built(32), 32, "blocks of 32, perplexity rise not measured"
+            choice = block_choice.BlockChoice(built(block_choice.NARROW), block_choice.NARROW, None)
+            unmeasured = ", perplexity rise not measured"
         else:
-            graph, block, weighed = choice.graph, choice.block, choice.summary()
-            startup.quality = Quality(4, block, choice.rise)
             log.info("--quantize int4: %s; --quantize int8 (the default) stays within 2%%.", choice.rise.summary())
-        summary = f"int4 MatMulNBits (the LM head and the most sensitive layers int8), {weighed}"
+        kind = "int4 MatMulNBits (the LM head and the most sensitive layers int8)"
     else:
-        choice = block_choice.choose(built, lambda block, graph: measured(8, block, graph))
-        graph, block = choice.graph, choice.block
-        startup.quality = Quality(8, block, choice.rise) if choice.rise else None
-        summary = f"int8 MatMulNBits, {choice.summary()}"
-    summary = f"onnxruntime graph: {summary}"
-    log.info("%s (%s).", summary, graph)
-    return EngineSpec.ort(model.path, str(graph), model_name=model.name, summary=summary, quantize=quantize,
-                          block=block)
+        choice, kind = block_choice.choose(built, measured), "int8 MatMulNBits"
+    startup.quality = Quality(bits, choice.block, choice.rise) if choice.rise else None
+    summary = f"onnxruntime graph: {kind}, {choice.summary()}{unmeasured}"
+    log.info("%s (%s).", summary, choice.graph)
+    return EngineSpec.ort(model.path, str(choice.graph), model_name=model.name, summary=summary, quantize=quantize,
+                          block=choice.block)
 
 
 def choose_engine(config: AppConfig, lean: EngineSpec, model: ResolvedModel, layout: WorkerLayout,

@@ -47,7 +47,7 @@ class EngineSpec:
     kv: str | None = None  # LEAN, ORT: the KV cache's dtype (workers.decoders.kv_choice); None: the engine's own
     # (the compute dtype; the graph's float32)
     quantize: str = "int8"  # ORT: the graph's weights (``workers.decoders.ort.graph.weights``: --quantize)
-    block: int = 32  # ORT: their quantization blocks (int8: ``workers.tuning.block_choice``)
+    block: int = 32  # ORT: their quantization blocks (``workers.tuning.block_choice``)
 
     @classmethod
     def lean(cls, model_path: str, weights: str, kernel: str, prefill: str | None = None, dtype: str = "float32",

@@ -1,10 +1,11 @@
 """The whole decode step as one onnxruntime graph (``--engine ort``), behind the lean decoder's calls.
 
 Why: onnxruntime's int8 ``MatMulNBits`` (MLAS, activations quantized per block as llama.cpp's
-q8_0 does; the blocks' width is ``workers.tuning.block_choice``'s) is the fastest matmul on many AVX2 CPUs, but called once per linear from
-torch it loses most of that to hand-offs between torch's and onnxruntime's thread pools
-(issue 8: 15.9 tok/s where the matmuls alone allowed ~40). onnxruntime-genai's model builder
-writes the whole model as one graph (``workers.decoders.ort.graph``), so a decode step is one call.
+q8_0 does; the blocks' width is ``workers.tuning.block_choice``'s) is the fastest matmul on many
+AVX2 CPUs, but called once per linear from torch it loses most of that to hand-offs between
+torch's and onnxruntime's thread pools (issue 8: 15.9 tok/s where the matmuls alone allowed ~40).
+onnxruntime-genai's model builder writes the whole model as one graph
+(``workers.decoders.ort.graph``), so a decode step is one call.
 
 The graph is run here with plain onnxruntime, not onnxruntime-genai's generator, so that the
 KV cache is ours (numpy arrays, bound in place with ``IOBinding``) and behaves as the lean
