@@ -18,7 +18,9 @@ Then, per model, the app (its defaults: the engine and kernels it measures) and 
 ``llama-server -t 2 -tb 2 -np 4 -c 8192`` per GGUF run side by side on 127.0.0.1, and the
 same client (``benchmarks.serve_bench.chat_stream``) measures each in turn, alternating within
 every round: time to first token and decode tok/s of one stream, aggregate tok/s of 2 and 4
-streams, distinct ~70-token prompts, greedy, 64 tokens each. With ``--int4`` the app runs a
+streams, distinct ~70-token prompts, greedy, 64 tokens each; then one stream after a distinct
+~1,500-token document (a window of CPython's ``pydoc_data`` topics, asked to be summarised): its
+time to first token and its decode, which reads the cache of the whole document at every step. With ``--int4`` the app runs a
 second time with ``--quantize int4``, its speed read against the 4-bit files (Q4_K_M, Q4_1).
 Results go to ``benchmarks/results/<CPU class>/anchor.{md,json}``, every figure a median
 (min–max) over the rounds, each row with the app's ratio to each llama-server in the same run.
@@ -61,6 +63,7 @@ TOOLS = ("llama-server", "llama-quantize", "llama-perplexity")  # perplexity: be
 MAX_TOKENS = 64
 STREAMS = (2, 4)
 ONE_STREAM_REQUESTS = 2  # per round: each gives a TTFT and a decode rate
+LONG_PROMPT_TOKENS = 1500  # per round, one stream after a document this long (with the template and the ask)
 CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
                "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DBUILD_SHARED_LIBS=OFF")
 
@@ -240,51 +243,77 @@ def biases(model_dir: str, random_weights: bool) -> dict[str, float]:
     return {str(i): 100.0 for i in words[:300]}
 
 
-def body(i: int, bias: dict[str, float]) -> dict:
-    return {"messages": [{"role": "user", "content": prompt(i)}], "max_tokens": MAX_TOKENS, "temperature": 0.0,
-            "logit_bias": bias}
+def documents(model_dir: str) -> list[str]:
+    """The long-context asks: consecutive windows of CPython's ``pydoc_data`` topics (text that
+    ships with Python), each ~``LONG_PROMPT_TOKENS`` with the chat template, numbered from its
+    first words on so that no server reuses another's prefix, each asked to be summarised."""
+    from pydoc_data.topics import topics
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ids = tok("\n\n".join(topics[name] for name in sorted(topics)))["input_ids"]
+    size = LONG_PROMPT_TOKENS - 50  # the template's tokens and the ask's
+    return [f"Document {i}:\n\n{tok.decode(ids[start:start + size])}\n\nSummarise document {i} in a few sentences."
+            for i, start in enumerate(range(0, len(ids) - size, size))]
 
 
-def measure_round(server: Server, bias: dict, first_prompt: int) -> dict:
-    """One round on one server: one stream ``ONE_STREAM_REQUESTS`` times, then 2 and 4 at once."""
+@dataclass
+class Asks:
+    """What every server is sent for one model: the ``logit_bias`` (``biases``) and the long
+    documents (``documents``); the short prompts are ``prompt``'s."""
+    bias: dict[str, float]
+    documents: list[str]
+
+    def body(self, content: str) -> dict:
+        return {"messages": [{"role": "user", "content": content}], "max_tokens": MAX_TOKENS, "temperature": 0.0,
+                "logit_bias": self.bias}
+
+
+def measure_round(server: Server, asks: Asks, first_prompt: int) -> dict:
+    """One round on one server: one stream ``ONE_STREAM_REQUESTS`` times, then 2 and 4 at once,
+    then one stream after a long document."""
     out: dict = {"ttft_ms": [], "decode_tok_s": [], "prompt_tokens": [], "tokens": []}
     n = first_prompt
     for _ in range(ONE_STREAM_REQUESTS):
-        r = serve_bench.chat_stream(server.url, body(n, bias))
+        r = serve_bench.chat_stream(server.url, asks.body(prompt(n)))
         n += 1
         out["ttft_ms"].append(r["ttft_ms"])
         out["decode_tok_s"].append(r["decode_tok_s"])
         out["prompt_tokens"].append(r["prompt_tokens"])
         out["tokens"].append(r["tokens"])
     for streams in STREAMS:
-        r = serve_bench.concurrent_streams(server.url, [body(n + k, bias) for k in range(streams)])
+        r = serve_bench.concurrent_streams(server.url, [asks.body(prompt(n + k)) for k in range(streams)])
         n += streams
         out[f"aggregate_{streams}_tok_s"] = r["aggregate_tok_s"]
         out["tokens"] += [s["tokens"] for s in r["streams"]]
+    r = serve_bench.chat_stream(server.url, asks.body(asks.documents[n % len(asks.documents)]))
+    out.update(long_ttft_ms=r["ttft_ms"], long_decode_tok_s=r["decode_tok_s"], long_prompt_tokens=r["prompt_tokens"])
+    out["tokens"].append(r["tokens"])
     return out
 
 
-def measure_group(servers: list[Server], bias: dict, rounds: int, first_prompt: int) -> dict[str, list[dict]]:
+def measure_group(servers: list[Server], asks: Asks, rounds: int, first_prompt: int) -> dict[str, list[dict]]:
     """Every server measured in every round, the order turned by one each round (alternating)."""
-    per_round = ONE_STREAM_REQUESTS + sum(STREAMS)
+    per_round = ONE_STREAM_REQUESTS + sum(STREAMS) + 1
     for s in servers:  # warm-up: lazy init, first graph runs
-        serve_bench.chat_stream(s.url, {**body(first_prompt, bias), "max_tokens": 8})
+        serve_bench.chat_stream(s.url, {**asks.body(prompt(first_prompt)), "max_tokens": 8})
     results: dict[str, list[dict]] = {s.name: [] for s in servers}
     n = first_prompt + 1
     for r in range(rounds):
         order = servers[r % len(servers):] + servers[: r % len(servers)]
         for s in order:
             print(f"  round {r + 1}/{rounds}: {s.name} ...", flush=True)
-            results[s.name].append(measure_round(s, bias, n))
+            results[s.name].append(measure_round(s, asks, n))
             n += per_round
     return results
 
 
+SPEEDS = ("ttft_ms", "decode_tok_s", *(f"aggregate_{n}_tok_s" for n in STREAMS), "long_ttft_ms", "long_decode_tok_s")
+
+
 def summarize(runs: list[dict]) -> dict:
     flat = lambda key: [v for run in runs for v in (run[key] if isinstance(run[key], list) else [run[key]])]  # noqa: E731
-    return {"ttft_ms": Summary.of(flat("ttft_ms")).dict(), "decode_tok_s": Summary.of(flat("decode_tok_s")).dict(),
-            **{f"aggregate_{n}_tok_s": Summary.of(flat(f"aggregate_{n}_tok_s")).dict() for n in STREAMS},
-            "prompt_tokens": Summary.of(flat("prompt_tokens")).dict(),
+    return {**{key: Summary.of(flat(key)).dict() for key in (*SPEEDS, "prompt_tokens", "long_prompt_tokens")},
             "tokens_per_reply": Summary.of(flat("tokens")).dict()}
 
 
@@ -296,7 +325,7 @@ def paired_ratio(app_runs: list[dict], other_runs: list[dict], key: str) -> dict
         v = run[key]
         return statistics.median(v) if isinstance(v, list) else v
     return Summary.paired([per_round(a) for a in app_runs], [per_round(o) for o in other_runs],
-                          higher_is_better=key != "ttft_ms").dict()
+                          higher_is_better=not key.endswith("ttft_ms")).dict()
 
 
 # --- the run -------------------------------------------------------------------------
@@ -343,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         "from": f"llama-cpp-python {LLAMA_CPP_PYTHON} sdist, vendor/llama.cpp", "version": llama_commit(),
         "cmake": list(CMAKE_FLAGS), "server_args": " ".join(SERVER_ARGS)},
         "client": {"max_tokens": MAX_TOKENS, "greedy": True, "rounds": args.rounds,
-                   "one_stream_requests_per_round": ONE_STREAM_REQUESTS, "streams": list(STREAMS)},
+                   "one_stream_requests_per_round": ONE_STREAM_REQUESTS, "streams": list(STREAMS),
+                   "long_prompt_tokens": LONG_PROMPT_TOKENS},
         "models": {}}
     first_prompt = 0
     for key in args.models.split(","):
@@ -352,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         ggufs = {f"llama-server {kind.lower() if kind == 'Q8_0' else kind}": quantize(tools["llama-quantize"], bf16, kind)
                  for kind in QUANTS}
         ggufs.update({f"llama-server, {name}": path for name, path in model["gguf"].items()})
-        bias = biases(model["dir"], model["random"])
+        asks = Asks(biases(model["dir"], model["random"]), documents(model["dir"]))
         print(f"anchor: {model['title']}: the app and {len(ggufs)} llama-server(s) ...", flush=True)
         with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
             servers = []
@@ -363,12 +393,11 @@ def main(argv: list[str] | None = None) -> int:
                 servers.append(start_llama(tools["llama-server"], gguf, name, Path(tmp) / f"{gguf.stem}.log"))
                 stack.callback(servers[-1].stop)
             load = [os.getloadavg()[0]]
-            raw = measure_group(servers, bias, args.rounds, first_prompt)
+            raw = measure_group(servers, asks, args.rounds, first_prompt)
             load.append(os.getloadavg()[0])
         first_prompt += 1000
         summary = {name: summarize(runs) for name, runs in raw.items()}
-        ratios = {app.name: {name: {k: paired_ratio(raw[app.name], runs, k)
-                                    for k in ("ttft_ms", "decode_tok_s", *(f"aggregate_{n}_tok_s" for n in STREAMS))}
+        ratios = {app.name: {name: {k: paired_ratio(raw[app.name], runs, k) for k in SPEEDS}
                              for name, runs in raw.items() if compared(app.name, name)}
                   for app in servers[: len(apps)]}
         report["models"][key] = {"title": model["title"], "servers": {s.name: s.about for s in servers},
@@ -390,7 +419,9 @@ def markdown(report: dict) -> str:
              "`--quantize int4`: the same with the graph's 4-bit weights, read against llama.cpp's 4-bit files.",
              f"One client for all (`benchmarks.serve_bench.chat_stream`): distinct prompts, greedy, {c['max_tokens']} "
              f"tokens each; per round {c['one_stream_requests_per_round']} single streams (TTFT, decode), then "
-             f"{' and '.join(map(str, c['streams']))} streams at once (aggregate); {c['rounds']} rounds, the servers' "
+             f"{' and '.join(map(str, c['streams']))} streams at once (aggregate), then one stream after a distinct "
+             f"~{c['long_prompt_tokens']:,}-token document (CPython's pydoc topics, asked to be summarised); "
+             f"{c['rounds']} rounds, the servers' "
              "order turned each round. Median (min–max). Ratios: the app's speed over that server's in the "
              "same round (the two measured back to back), median (min–max) over the rounds; above 1 the app "
              "is faster (TTFT: their time over the app's).", ""]
@@ -403,14 +434,17 @@ def markdown(report: dict) -> str:
                                                                   for a, o in pairs) + " |",
                   "|---|" + "---|" * (len(names) + len(pairs))]
         rows = [("time to first token, ms", "ttft_ms", 0), ("decode, 1 stream, tok/s", "decode_tok_s", 1),
-                *((f"aggregate, {n} streams, tok/s", f"aggregate_{n}_tok_s", 1) for n in STREAMS)]
+                *((f"aggregate, {n} streams, tok/s", f"aggregate_{n}_tok_s", 1) for n in STREAMS),
+                (f"after a ~{c['long_prompt_tokens']:,}-token document: time to first token, ms", "long_ttft_ms", 0),
+                (f"after a ~{c['long_prompt_tokens']:,}-token document: decode, tok/s", "long_decode_tok_s", 1)]
         for label, key, digits in rows:
             lines.append(f"| {label} | " + " | ".join(fmt(model["summary"][n][key], digits) for n in names) + " | "
                          + " | ".join(fmt(model["app_over"][a][o][key], 2) + "×" for a, o in pairs) + " |")
         served = " ".join(f"{'The app' if n == 'this app' else short(n, '')} served on: "
                           f"{'; '.join(filter(None, about['serving']))} ({about['workers']} worker(s), threads "
                           f"{about['threads']})." for n, about in model["servers"].items() if n.startswith("this app"))
-        lines += ["", f"Prompt tokens per request {fmt(app['prompt_tokens'], 0)}; tokens per reply, all servers: "
+        lines += ["", f"Prompt tokens per request {fmt(app['prompt_tokens'], 0)}, per long document "
+                      f"{fmt(app['long_prompt_tokens'], 0)}; tokens per reply, all servers: "
                       + ", ".join(f"{n} {fmt(model['summary'][n]['tokens_per_reply'], 0)}" for n in names) + ".",
                   f"{served} The machine's load average "
                   f"(1 min) before and after: {model['load_average_before_after'][0]:.1f}, "

@@ -5,7 +5,8 @@ for a change whose cost or gain shows only with the whole app running (the dispa
 process beside the worker's, the pipe, the time between two steps), both checkouts' apps are
 started side by side with their defaults, and ``benchmarks.llama_anchor``'s client and rounds
 measure each in turn, the order turned each round: time to first token and decode of one
-stream, aggregate of 2 and 4 streams, greedy, 64 tokens each. On the bundled model and the
+stream, aggregate of 2 and 4 streams, greedy, 64 tokens each, and one stream after a ~1,500-token
+document. On the bundled model and the
 Qwen1.5-0.5B shape (or one). Writes ``benchmarks/results/<CPU class>/<NAME>.md`` and ``.json``.
 
     git worktree add /tmp/before HEAD~1 && python -m benchmarks.serve_ab /tmp/before --name spin-served
@@ -23,7 +24,9 @@ from benchmarks.stats import fmt
 from tests.e2e import start_app
 
 KEYS = {"ttft_ms": "time to first token, ms", "decode_tok_s": "decode, 1 stream, tok/s",
-        **{f"aggregate_{n}_tok_s": f"aggregate, {n} streams, tok/s" for n in llama_anchor.STREAMS}}
+        **{f"aggregate_{n}_tok_s": f"aggregate, {n} streams, tok/s" for n in llama_anchor.STREAMS},
+        "long_ttft_ms": "after a long document: time to first token, ms",
+        "long_decode_tok_s": "after a long document: decode, tok/s"}
 
 
 def measure_model(trees: dict[str, Path], model: str, random_weights: bool, rounds: int) -> dict:
@@ -33,7 +36,8 @@ def measure_model(trees: dict[str, Path], model: str, random_weights: bool, roun
         for name, tree in trees.items():
             app = start_app(Path(tempfile.mkdtemp()), "--model", model, "--log-level", "warning", root=tree)
             servers.append(llama_anchor.Server(name, app.url, app.stop, {}))
-        runs = llama_anchor.measure_group(servers, llama_anchor.biases(model, random_weights), rounds, 0)
+        asks = llama_anchor.Asks(llama_anchor.biases(model, random_weights), llama_anchor.documents(model))
+        runs = llama_anchor.measure_group(servers, asks, rounds, 0)
     finally:
         for server in servers:
             server.stop()
@@ -62,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"CPU: {machine['cpus']} ({machine['cores']} cores), flags {' '.join(machine['flags'])}. "
              f"Each checkout's app with its defaults, side by side; median (min–max) of {args.rounds} rounds, "
              "the order turned each round (`benchmarks.llama_anchor`'s client: distinct ~70-token prompts, greedy, "
-             f"64 tokens). before: {trees['before']}; after: this checkout. after ÷ before: the paired ratio of "
+             f"64 tokens; one after a ~{llama_anchor.LONG_PROMPT_TOKENS:,}-token document). before: {trees['before']}; after: this checkout. after ÷ before: the paired ratio of "
              "speeds per round (time to first token: before's time over after's).", ""]
     for label, (model, random_weights) in models.items():
         print(f"serve A/B: {label} ...", flush=True)
