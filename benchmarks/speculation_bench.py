@@ -1,5 +1,5 @@
 """Prompt-lookup speculation on and off, on grounded replies and on plain chat:
-``python -m benchmarks.speculation_bench`` (~5 minutes).
+``python -m benchmarks.speculation_bench`` (~8 minutes).
 
 The bundled model's real weights (SmolLM2-135M: random weights would quote nothing), the
 app's engine, 2 threads, one process: two engines over the one loaded decoder, one with
@@ -7,7 +7,10 @@ app's engine, 2 threads, one process: two engines over the one loaded decoder, o
 (off, on, on, off, ...), so both see the same machine. Grounded asks copy from text that
 ships with CPython or is written here: summarise or quote a ``pydoc_data`` topic, edit a
 function of the standard library (``inspect.getsource``), rewrite the previous answer. Plain
-chat asks for new text. Greedy and the app's default sampling (seeded alike on and off).
+chat asks for new text. Greedy, the app's default sampling (seeded alike on and off), and the
+same without its repetition penalty: the penalty (1.05) lowers the very tokens a grounded reply
+copies where they lie in its window, ~3 nats at temperature 0.3 for a logit of 20, so the model
+itself copies less and fewer drafts can be accepted; the third sampling says how much.
 Each reply's decode tokens/s is the worker's own figure (``Metrics``); each group's four asks
 also run together in one batch, as four users of one worker (aggregate decode tokens/s). Results go to
 ``benchmarks/results/<CPU class>/speculation.{json,md}``.
@@ -75,7 +78,9 @@ def measure(spec: dict) -> dict:
     for engine in engines.values():
         warm_up(engine, WorkerSpec.warmup_tokens)
     samplings = {"greedy": replace(config.sampling, temperature=0.0, repetition_penalty=1.0, max_new_tokens=TOKENS),
-                 "default sampling": replace(config.sampling, seed=1, max_new_tokens=TOKENS)}
+                 "default sampling": replace(config.sampling, seed=1, max_new_tokens=TOKENS),
+                 "default sampling, no repetition penalty": replace(config.sampling, seed=1, repetition_penalty=1.0,
+                                                                    max_new_tokens=TOKENS)}
 
     def one(mode: str, conversation, params) -> dict:
         engine = engines[mode]
