@@ -56,7 +56,11 @@ class EngineConfig:
 
     max_context_tokens: int  # cap on the model's own window, to bound CPU memory (from the app's config)
     kv_cache_bytes: int = 1024 * 2**20  # KV memory of live replies and kept conversations (workers.generation.conversations)
-    repetition_window: int = 256  # how many recent ids repetition_penalty looks at
+    # how many recent ids (prompt and reply) repetition_penalty looks at: llama.cpp's and Ollama's
+    # ``repeat_last_n``. Short loops fall inside it; the text a reply quotes or edits mostly lies
+    # further back, so the penalty does not push a grounded reply off it (a 256-token window did:
+    # benchmarks/results/avx512-bf16/speculation.md)
+    repetition_window: int = 64
     speculation: str = "auto"  # "auto": prompt-lookup drafts where they pay; "off" (workers.generation.speculation)
     reproducible: bool = False  # replies that do not depend on the load (workers.generation.reproducible)
 

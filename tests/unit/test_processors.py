@@ -11,7 +11,7 @@ from workers.generation.processors import (
     process,
     processors_for,
 )
-from workers.protocol import SamplingParams
+from workers.protocol import EngineConfig, SamplingParams
 
 
 def params(**given) -> SamplingParams:
@@ -94,3 +94,15 @@ def test_each_sequence_of_a_batch_has_its_own_settings_and_history():
     assert process(a, rows[0]).tolist() == [-2.0, 0.0, 0.0, 0.0]
     assert process(b, rows[1]).tolist() == [0.0, -2.0, 0.0, 0.5]
     assert rows.tolist() == [[0.0] * 4] * 2
+
+
+def test_the_repetition_penalty_spares_text_further_back_than_llama_cpps_window():
+    """A reply that quotes or edits the prompt's text copies tokens from far back; the default
+    window (llama.cpp's and Ollama's ``repeat_last_n``, 64) penalizes only the latest tokens, so
+    the penalty that stops a short loop does not push such a reply off the text it copies."""
+    window = EngineConfig(max_context_tokens=4096).repetition_window
+    assert window == 64
+    prompt = list(range(200))  # the text to quote, then the latest 64 tokens
+    penalized = process(processors_for(params(repetition_penalty=2.0), prompt, window), torch.ones(200))
+    assert penalized[:136].tolist() == [1.0] * 136
+    assert penalized[136:].tolist() == [0.5] * 64
