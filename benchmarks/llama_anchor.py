@@ -20,8 +20,9 @@ same client (``benchmarks.serve_bench.chat_stream``) measures each in turn, alte
 every round: time to first token and decode tok/s of one stream, aggregate tok/s of 2 and 4
 streams, distinct ~70-token prompts, greedy, 64 tokens each; then one stream after a distinct
 ~1,500-token document (a window of CPython's ``pydoc_data`` topics, asked to be summarised): its
-time to first token and its decode, which reads the cache of the whole document at every step. With ``--int4`` the app runs a
-second time with ``--quantize int4``, its speed read against the 4-bit files (Q4_K_M, Q4_1).
+time to first token, and its decode, which reads the whole document's cache at every step.
+With ``--int4`` the app runs a second time with ``--quantize int4``, its speed read against the
+4-bit files (Q4_K_M, Q4_1).
 Results go to ``benchmarks/results/<CPU class>/anchor.{md,json}``, every figure a median
 (min–max) over the rounds, each row with the app's ratio to each llama-server in the same run.
 

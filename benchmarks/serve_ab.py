@@ -5,9 +5,8 @@ for a change whose cost or gain shows only with the whole app running (the dispa
 process beside the worker's, the pipe, the time between two steps), both checkouts' apps are
 started side by side with their defaults, and ``benchmarks.llama_anchor``'s client and rounds
 measure each in turn, the order turned each round: time to first token and decode of one
-stream, aggregate of 2 and 4 streams, greedy, 64 tokens each, and one stream after a ~1,500-token
-document. On the bundled model and the
-Qwen1.5-0.5B shape (or one). Writes ``benchmarks/results/<CPU class>/<NAME>.md`` and ``.json``.
+stream, aggregate of 2 and 4 streams, greedy, 64 tokens each, and one stream after a
+~1,500-token document. On the bundled model and the Qwen1.5-0.5B shape (or one). Writes ``benchmarks/results/<CPU class>/<NAME>.md`` and ``.json``.
 
     git worktree add /tmp/before HEAD~1 && python -m benchmarks.serve_ab /tmp/before --name spin-served
 """
