@@ -232,11 +232,8 @@ def prompt(i: int) -> str:
             f"the morning light, the sounds and smells, the people met, what went wrong at noon, and the evening.")
 
 
-def biases(model_dir: str, random_weights: bool) -> dict[str, float]:
-    """The ``logit_bias`` every server is sent (see the module docstring)."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
+def biases(tok, random_weights: bool) -> dict[str, float]:
+    """The ``logit_bias`` every server is sent (see the module docstring); ``tok``: the model's tokenizer."""
     if not random_weights:
         stops = {tok.eos_token_id, *tok.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])}
         return {str(t): -100.0 for t in sorted(stops) if t is not None and t >= 0}
@@ -244,14 +241,12 @@ def biases(model_dir: str, random_weights: bool) -> dict[str, float]:
     return {str(i): 100.0 for i in words[:300]}
 
 
-def documents(model_dir: str) -> list[str]:
+def documents(tok) -> list[str]:
     """The long-context asks: consecutive windows of CPython's ``pydoc_data`` topics (text that
     ships with Python), each ~``LONG_PROMPT_TOKENS`` with the chat template, numbered from its
     first words on so that no server reuses another's prefix, each asked to be summarised."""
     from pydoc_data.topics import topics
-    from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(model_dir)
     ids = tok("\n\n".join(topics[name] for name in sorted(topics)))["input_ids"]
     size = LONG_PROMPT_TOKENS - 50  # the template's tokens and the ask's
     return [f"Document {i}:\n\n{tok.decode(ids[start:start + size])}\n\nSummarise document {i} in a few sentences."
@@ -264,6 +259,13 @@ class Asks:
     documents (``documents``); the short prompts are ``prompt``'s."""
     bias: dict[str, float]
     documents: list[str]
+
+    @classmethod
+    def of(cls, model_dir: str, random_weights: bool) -> Asks:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        return cls(biases(tok, random_weights), documents(tok))
 
     def body(self, content: str) -> dict:
         return {"messages": [{"role": "user", "content": content}], "max_tokens": MAX_TOKENS, "temperature": 0.0,
@@ -309,7 +311,12 @@ def measure_group(servers: list[Server], asks: Asks, rounds: int, first_prompt: 
     return results
 
 
-SPEEDS = ("ttft_ms", "decode_tok_s", *(f"aggregate_{n}_tok_s" for n in STREAMS), "long_ttft_ms", "long_decode_tok_s")
+ROWS = {  # what is measured → its row in the tables (here and ``benchmarks.serve_ab``), digits shown
+    "ttft_ms": ("time to first token, ms", 0), "decode_tok_s": ("decode, 1 stream, tok/s", 1),
+    **{f"aggregate_{n}_tok_s": (f"aggregate, {n} streams, tok/s", 1) for n in STREAMS},
+    "long_ttft_ms": (f"after a ~{LONG_PROMPT_TOKENS:,}-token document: time to first token, ms", 0),
+    "long_decode_tok_s": (f"after a ~{LONG_PROMPT_TOKENS:,}-token document: decode, tok/s", 1)}
+SPEEDS = tuple(ROWS)
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -383,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         ggufs = {f"llama-server {kind.lower() if kind == 'Q8_0' else kind}": quantize(tools["llama-quantize"], bf16, kind)
                  for kind in QUANTS}
         ggufs.update({f"llama-server, {name}": path for name, path in model["gguf"].items()})
-        asks = Asks(biases(model["dir"], model["random"]), documents(model["dir"]))
+        asks = Asks.of(model["dir"], model["random"])
         print(f"anchor: {model['title']}: the app and {len(ggufs)} llama-server(s) ...", flush=True)
         with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
             servers = []
@@ -434,11 +441,7 @@ def markdown(report: dict) -> str:
                   "| | " + " | ".join(names) + " | " + " | ".join(f"{short(a, 'app')} ÷ {short(o, '')}"
                                                                   for a, o in pairs) + " |",
                   "|---|" + "---|" * (len(names) + len(pairs))]
-        rows = [("time to first token, ms", "ttft_ms", 0), ("decode, 1 stream, tok/s", "decode_tok_s", 1),
-                *((f"aggregate, {n} streams, tok/s", f"aggregate_{n}_tok_s", 1) for n in STREAMS),
-                (f"after a ~{c['long_prompt_tokens']:,}-token document: time to first token, ms", "long_ttft_ms", 0),
-                (f"after a ~{c['long_prompt_tokens']:,}-token document: decode, tok/s", "long_decode_tok_s", 1)]
-        for label, key, digits in rows:
+        for key, (label, digits) in ROWS.items():
             lines.append(f"| {label} | " + " | ".join(fmt(model["summary"][n][key], digits) for n in names) + " | "
                          + " | ".join(fmt(model["app_over"][a][o][key], 2) + "×" for a, o in pairs) + " |")
         served = " ".join(f"{'The app' if n == 'this app' else short(n, '')} served on: "

@@ -22,10 +22,7 @@ from benchmarks.run import CACHE, ROOT, _machine, save
 from benchmarks.stats import fmt
 from tests.e2e import start_app
 
-KEYS = {"ttft_ms": "time to first token, ms", "decode_tok_s": "decode, 1 stream, tok/s",
-        **{f"aggregate_{n}_tok_s": f"aggregate, {n} streams, tok/s" for n in llama_anchor.STREAMS},
-        "long_ttft_ms": "after a long document: time to first token, ms",
-        "long_decode_tok_s": "after a long document: decode, tok/s"}
+KEYS = {key: label for key, (label, _) in llama_anchor.ROWS.items()}
 
 
 def measure_model(trees: dict[str, Path], model: str, random_weights: bool, rounds: int) -> dict:
@@ -35,8 +32,7 @@ def measure_model(trees: dict[str, Path], model: str, random_weights: bool, roun
         for name, tree in trees.items():
             app = start_app(Path(tempfile.mkdtemp()), "--model", model, "--log-level", "warning", root=tree)
             servers.append(llama_anchor.Server(name, app.url, app.stop, {}))
-        asks = llama_anchor.Asks(llama_anchor.biases(model, random_weights), llama_anchor.documents(model))
-        runs = llama_anchor.measure_group(servers, asks, rounds, 0)
+        runs = llama_anchor.measure_group(servers, llama_anchor.Asks.of(model, random_weights), rounds, 0)
     finally:
         for server in servers:
             server.stop()
