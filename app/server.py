@@ -41,7 +41,7 @@ from app.metrics import AppMetrics, build_metrics_router
 from app.pool import call_soon
 from app.prepare import prepare_model
 from app.startup import Startup
-from app.ui import build_ui, page_i18n
+from app.ui import build_ui, page_i18n, quiet_when_idle
 from workers.host.cores import LayoutError, auto_workers, physical_cores, plan_layout
 from workers.loading.resolve import ModelNotFound, check_spec
 from workers.protocol import EngineConfig
@@ -129,6 +129,7 @@ def build_app(config: AppConfig, dispatcher: Dispatcher, auth: Login | None = No
     demo.delete_cache = (config.delete_uploads_after_s,) * 2  # (how often, how old): Gradio deletes old uploads
     app = gr.mount_gradio_app(app, demo, path="/", auth=auth.creds if auth else None, i18n=page_i18n(),
                               max_file_size=int(config.max_upload_mb * 2**20))  # the page takes no files
+    quiet_when_idle(demo)
     if auth:
         app.add_middleware(PageLoginThrottle, login=auth)
     if config.host in LOOPBACK_HOSTS and not config.share:

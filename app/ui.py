@@ -306,6 +306,20 @@ def build_ui(dispatcher: Dispatcher, startup: Startup, system_prompt: str,
     return demo
 
 
+QUEUE_POLL_S = 0.02  # Gradio's queue looks for new page events this often (its own default: 1 ms)
+PROGRESS_POLL_S = 0.1  # and for progress to send (its own: 10 ms); both as Gradio has them on Windows
+
+
+def quiet_when_idle(demo: gr.Blocks) -> None:
+    """Gradio's queue polls for new events every millisecond while it has none: ~1,100 wake-ups
+    a second of the server's event loop, each taking the core from a worker or a calibration
+    sharing it (measured on a 2-core VM: 6% of a core with no one on the page, and the
+    calibration's threads waiting for a core in nearly every sample, so no verdict was ever
+    cached). Polled every ``QUEUE_POLL_S`` instead, a page event starts at most that much later."""
+    demo._queue.sleep_when_free = QUEUE_POLL_S
+    demo._queue.progress_update_sleep_when_free = PROGRESS_POLL_S
+
+
 def settle_thinking(history: list[dict], request: gr.Request = None) -> list[dict]:
     """After Stop: a thinking block still marked as in progress is marked as stopped."""
     lang = request_language(request)
