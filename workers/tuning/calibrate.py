@@ -322,7 +322,8 @@ def _time_kernel(kernel, shapes: Shapes, threads: int, max_batch: int, best: dic
 
     def timed(rows: int, path_of, layer_count: int, repeats: int, phase: str) -> steady.Reading:
         x = torch.randn(rows, shapes.dim).to(dtype)
-        run_layer(layers[0], x, path_of)  # warm-up: lazy init, first-touch of buffers
+        for layer in layers[:layer_count]:  # warm-up: lazy init, and each layer's first read, which on a VM
+            run_layer(layer, x, path_of)    # took up to 20x the later ones (the host maps fresh pages lazily)
         def one(i: int) -> None:
             run_layer(layers[i % layer_count], x, path_of)  # the same input each time: values must not blow up
         probe = steady.sample(one, min(3, layer_count))
