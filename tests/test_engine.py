@@ -150,16 +150,53 @@ def generate_ids(engine, prompt, params) -> list[int]:
 
 
 def assert_metrics_are_the_replys_own_times(metrics, began: float, first_returned: float, last_called: float,
-                                            ended: float) -> None:
+                                            ended: float, stop_token: bool = True) -> None:
     """The time to first token and the tokens/s a reply reports (the page's stats footer, the
     API's metrics) lie within the times the caller saw around the calls that made the reply:
     its first token came before the call that sampled it returned, and the decode the tokens/s
-    implies took at least from that return to the last step's call, at most the whole reply."""
+    implies (over its tokens' steps, and the stop token's where one ended it) took at least from
+    that return to the last step's call, at most the whole reply."""
     assert metrics.completion_tokens > 1 and metrics.decode_tokens_per_s > 0, metrics
     assert 0 < metrics.ttft_ms / 1000 <= first_returned - began, (metrics, first_returned - began)
-    decode_s = (metrics.completion_tokens - 1) / metrics.decode_tokens_per_s
+    decode_s = (metrics.completion_tokens - (not stop_token)) / metrics.decode_tokens_per_s
     assert last_called - first_returned <= decode_s <= ended - began, (metrics, last_called - first_returned,
                                                                         ended - began)
+
+
+def test_tokens_per_second_is_the_true_rate_on_a_reply_that_ends_on_a_stop_token(tiny_engine, monkeypatch):
+    """Each decode step made ``step_s`` slower than anything else it does, and the sixth step's
+    logits pointed at a stop token: the rate reported is the rate of the steps the test timed
+    itself, the stop token's step counted on both sides (it once divided n - 1 tokens by n
+    steps' time: ~10% slow on a 10-token reply)."""
+    step_s, stop_on_call = 0.03, 6
+    stop = min(tiny_engine.stop_ids)
+    forward_batch = tiny_engine.decoder.forward_batch
+    calls = 0
+
+    def slowed(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        time.sleep(step_s)
+        logits = forward_batch(*args, **kwargs)
+        if calls == stop_on_call:
+            logits[:, stop] = logits.max() + 100.0
+        return logits
+
+    monkeypatch.setattr(tiny_engine.decoder, "forward_batch", slowed)
+    monkeypatch.setattr(tiny_engine.speculation, "plan", lambda *_: None)  # one token per step
+    seq = tiny_engine.begin(tiny_engine.prompt([ChatMessage("user", "hello there")], 16), GREEDY)
+    tiny_engine.prefill(seq)
+    first = time.perf_counter()
+    steps = 0
+    while seq.reason is None:
+        tiny_engine.step([seq])
+        steps += 1
+    last = time.perf_counter()
+    finished = tiny_engine.finish(seq)
+    assert finished.reason is FinishReason.STOP and steps == stop_on_call
+    assert finished.metrics.completion_tokens == steps  # the prefill's token and steps - 1; the stop is not one
+    timed = steps / (last - first)
+    assert 0.9 * timed <= finished.metrics.decode_tokens_per_s <= 1.1 * timed, (finished.metrics, timed)
 
 
 def test_bundled_model_knows_the_capital_of_france_and_reports_its_real_times(smol_engine):

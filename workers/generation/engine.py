@@ -87,6 +87,7 @@ class Sequence:
     started: float = field(default_factory=time.perf_counter)
     first_token_at: float = 0.0
     last_token_at: float = 0.0
+    drawn: int = 0  # tokens sampled, a stop token included: the steps between first_token_at and last_token_at
 
 
 @dataclass
@@ -289,6 +290,7 @@ class Engine:
         now = time.perf_counter()
         seq.first_token_at = seq.first_token_at or now
         seq.last_token_at = now
+        seq.drawn += 1
         if token in self.stop_ids:
             seq.reason = FinishReason.STOP
             return None
@@ -324,14 +326,14 @@ class Engine:
         self.conversations.keep(seq.scope, seq.session_id, in_cache, seq.cache,  # a stopped turn's is useful too
                                 seq.prompt_spans + reply)
         n = len(seq.generated)
-        decode_s = seq.last_token_at - seq.first_token_at
+        decode_s = seq.last_token_at - seq.first_token_at  # over drawn - 1 steps: a stop token's counts
         metrics = Metrics(
             worker=self.worker,
             prompt_tokens=len(seq.prompt_ids),
             cached_prompt_tokens=seq.cached,
             completion_tokens=n,
             ttft_ms=(seq.first_token_at - seq.started) * 1000 if seq.first_token_at else 0.0,
-            decode_tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0,
+            decode_tokens_per_s=(seq.drawn - 1) / decode_s if n > 1 and decode_s > 0 else 0.0,
             drafted_tokens=seq.draft.drafted if seq.draft else 0,
             accepted_tokens=seq.draft.accepted if seq.draft else 0,
         )
