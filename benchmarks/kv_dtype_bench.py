@@ -100,7 +100,7 @@ def app_choice(model: str) -> dict:
     from workers.decoders.ort.graph import build
     from workers.host.cores import WorkerLayout
     from workers.spec import EngineSpec
-    from workers.tuning.calibrate import run_pinned
+    from workers.tuning.pinned import run_pinned
 
     spec = EngineSpec.ort(model, str(build(model, CACHE)))
     layout = WorkerLayout(0, tuple(sorted(os.sched_getaffinity(0)))[:THREADS], THREADS)

@@ -8,7 +8,7 @@ attention dequantizes an int8 cache as it reads it (``workers.decoders.ort.kv``;
 it widens whole on every call, so it is not offered); the lean decoder's attention matmuls run in the cache's dtype
 (``workers.decoders.lean.model._attend``), fast where the CPU has that arithmetic. So each
 candidate (``candidates``) is loaded as a worker loads it, in a process pinned and threaded
-like one (``workers.tuning.calibrate.run_pinned``), and timed on decode steps of one reply at a
+like one (``workers.tuning.pinned.run_pinned``), and timed on decode steps of one reply at a
 short and a long context and of a full batch at the long one, in alternating rounds (the
 fastest round counts: other work only slows a round down); and checked against the engine's own cache on the
 held-out part of a sample conversation (``workers.decoders.ort.kv.sample_ids``): the mean KL
@@ -128,7 +128,7 @@ def measure(spec: EngineSpec, offered: tuple[str, ...], layout: WorkerLayout, ca
             max_batch: int = 4) -> dict[str, KvTiming]:
     """Every candidate's timing: cached per machine, engine, model, threads and batch size, else
     measured in a fresh pinned process."""
-    from workers.tuning.calibrate import run_pinned
+    from workers.tuning.pinned import run_pinned
 
     config = Path(spec.model_path) / "config.json"
     key = hashlib.sha256(json.dumps([

@@ -22,12 +22,12 @@ import hashlib
 import json
 import logging
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from workers.tuning import steady
+from workers.tuning.pinned import ProcessDied, run_pinned
 from workers.tuning.kernel_choice import MAX_REL_ERROR, PREFILL_ROWS, Measurement, Timing, contradictions
 from workers.host.cores import WorkerLayout
 from workers.host.machine import machine_id
@@ -143,54 +143,39 @@ def _load(path: Path) -> Measurement:
 
 def _measure_in_process(layout: WorkerLayout, model_path: str, shapes: Shapes, max_batch: int,
                         candidates: tuple[str, ...], passive_omp: bool) -> dict:
-    return run_pinned(layout, _measure_threaded, model_path, shapes, layout.threads, max_batch, candidates,
-                      passive_omp=passive_omp)
+    """``measure`` in a pinned process. A kernel that kills it (an instruction set the CPU
+    advertises but the VM does not let a process run: SIGILL) is dropped, with a log line, and
+    the others measured again in a new process (``workers.tuning.pinned``); it is recorded as
+    unavailable, so a cached verdict never tries it again."""
+    dropped: dict[str, str] = {}
+    while left := tuple(name for name in candidates if name not in dropped):
+        try:
+            result = run_pinned(layout, _measure_threaded, model_path, shapes, layout.threads, max_batch, left,
+                                passive_omp=passive_omp, notes=True)
+        except ProcessDied as died:
+            if died.during not in left:
+                raise  # not a kernel's doing (it died loading torch, or the machine killed it)
+            dropped[died.during] = f"the process measuring it died of {died.signal or 'an exit'}"
+            log.warning("Dropping the %s kernel: %s (the CPU advertises an instruction set this machine does not "
+                        "let it run?); measuring the others again.", died.during, dropped[died.during])
+            continue
+        return {**result, "unavailable": {**result["unavailable"], **dropped}}
+    return {"max_batch": max_batch, "timings": (), "errors": {}, "unavailable": dropped, "seconds": 0.0,
+            "doubts": (), "measured_again": []}
 
 
 def _measure_threaded(model_path: str, shapes: Shapes, threads: int, max_batch: int,
-                      candidates: tuple[str, ...]) -> dict:
+                      candidates: tuple[str, ...], note=lambda what: None) -> dict:
     import torch
 
     torch.set_num_threads(threads)
-    return measure(model_path, shapes, threads, max_batch, candidates)
-
-
-def run_pinned(layout: WorkerLayout, target, *args, passive_omp: bool = False):
-    """``target(*args)`` in a fresh process pinned and threaded like a worker, before torch
-    loads there (``passive_omp``: OpenMP threads sleep at once when idle)."""
-    import multiprocess
-
-    ctx = multiprocess.get_context("spawn")
-    parent, child = ctx.Pipe(duplex=False)
-    process = ctx.Process(target=_run_pinned, daemon=True, name="calibration",
-                          args=(layout, passive_omp, target, args, child))
-    process.start()
-    child.close()
-    try:
-        result = parent.recv()
-    except EOFError:
-        result = RuntimeError(f"the calibration process died (exit code {process.exitcode})")
-    process.join(5)
-    if isinstance(result, BaseException):
-        raise result
-    return result
-
-
-def _run_pinned(layout: WorkerLayout, passive_omp: bool, target, args: tuple, conn) -> None:
-    from workers.host.pinning import pin_to_cores
-
-    pin_to_cores(layout)
-    if passive_omp:
-        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    try:
-        conn.send(target(*args))
-    except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
-        conn.send(RuntimeError(f"calibration failed: {type(exc).__name__}: {exc}"))
+    return measure(model_path, shapes, threads, max_batch, candidates, note)
 
 
 def measure(model_path: str | None, shapes: Shapes, threads: int, max_batch: int,
-            candidates: tuple[str, ...]) -> dict:
-    """Time and check every available candidate in this process (see the module docstring)."""
+            candidates: tuple[str, ...], note=lambda what: None) -> dict:
+    """Time and check every available candidate in this process (see the module docstring),
+    ``note(name)`` before each is first run."""
     import torch
 
     from workers.decoders.lean.kernels import KERNELS
@@ -212,6 +197,7 @@ def measure(model_path: str | None, shapes: Shapes, threads: int, max_batch: int
         if why_not:
             cannot_run[name] = why_not
             continue
+        note(name)
         for path, error in _errors(kernel, reference, threads).items():
             errors[f"{name}/{path}"] = error
         if errors[f"{name}/decode"] > MAX_REL_ERROR:

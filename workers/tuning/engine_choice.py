@@ -36,7 +36,7 @@ from workers.host.machine import machine_id
 from workers.host.publish import publish_json
 from workers.spec import EngineKind, EngineSpec
 from workers.tuning import steady
-from workers.tuning.calibrate import run_pinned
+from workers.tuning.pinned import run_pinned
 from workers.tuning.kernel_choice import BATCH_MARGIN, FLOOR_MARGIN, PREFILL_ROWS, TURN_PROMPT_TOKENS, TURN_REPLY_TOKENS
 
 log = logging.getLogger(__name__)

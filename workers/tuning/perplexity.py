@@ -8,7 +8,7 @@ being served. The text is one that ships
 with CPython (``pydoc_data``'s topics: prose, code and tables), cut into ``WINDOWS`` windows of
 ``WINDOW`` tokens, every position after a window's first scored. The reference is the model in
 float32 under transformers (exact), the graph is called as a worker calls it; both run in a
-process pinned and threaded like a worker (``workers.tuning.calibrate.run_pinned``), so the
+process pinned and threaded like a worker (``workers.tuning.pinned.run_pinned``), so the
 server process never holds the float32 copy.
 
     rise = measure(model_path, graph_dir, layout)   # rise.summary(): "perplexity 16.87 against ..."
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from workers.host.cores import WorkerLayout
 from workers.host.publish import publish_json
-from workers.tuning.calibrate import run_pinned
+from workers.tuning.pinned import run_pinned
 
 VERSION = 1  # bump when what is measured changes
 WINDOW, WINDOWS = 512, 4  # tokens per call, calls: ~2,000 tokens, a few seconds on the bundled model
