@@ -72,6 +72,7 @@ def build_router(dispatcher: Dispatcher, startup: Startup, defaults: SamplingPar
             "kernels": startup.kernels.report() if startup.kernels else None,
             "engine": startup.engine.report() if startup.engine else None,
             "quality": startup.quality.report() if startup.quality else None,
+            "graph_cache": startup.graph_cache.report() if startup.graph_cache else None,
             "startup_error": state.error,
             "queue_depth": dispatcher.queue_depth,
             "workers": [dataclasses.asdict(w) for w in dispatcher.snapshot()],

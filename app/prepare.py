@@ -160,10 +160,23 @@ def prepare_ort(model: ResolvedModel, cache_dir: Path, layout: WorkerLayout, sta
     else:
         choice, kind = block_choice.choose(built, measured), "int8 MatMulNBits"
     startup.quality = Quality(bits, choice.block, choice.rise) if choice.rise else None
+    startup.graph_cache = prune_graphs(cache_dir)
     summary = f"onnxruntime graph: {kind}, {choice.summary()}{unmeasured}"
     log.info("%s (%s).", summary, choice.graph)
     return EngineSpec.ort(model.path, str(choice.graph), model_name=model.name, summary=summary, quantize=quantize,
                           block=choice.block)
+
+
+def prune_graphs(cache_dir: Path):
+    """The graph cache without what no start here can use (``workers.decoders.ort.prune``),
+    once this start's graphs are marked used; None where it cannot be read."""
+    from workers.decoders.ort.prune import prune
+
+    try:
+        return prune(cache_dir / "ort-genai")
+    except OSError as exc:  # housekeeping never stops a start
+        log.warning("Could not prune the graph cache (%s).", exc)
+        return None
 
 
 def choose_engine(config: AppConfig, lean: EngineSpec, model: ResolvedModel, layout: WorkerLayout,

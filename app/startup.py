@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 from dataclasses import asdict, dataclass, field
 
+from workers.decoders.ort.prune import CacheReport
 from workers.tuning.kernel_choice import KernelChoice
 from workers.tuning.engine_choice import EngineChoice
 from workers.tuning.perplexity import Rise
@@ -62,6 +63,7 @@ class Startup:
     kernels: KernelChoice | None = None  # set once measured (likewise)
     engine: EngineChoice | None = None  # set where --engine auto measured the engines (likewise)
     quality: Quality | None = None  # set where the graph's weights were measured against float32 (likewise)
+    graph_cache: CacheReport | None = None  # set once the onnxruntime graph cache is pruned (likewise)
     _state: StartupState = field(default_factory=lambda: StartupState("Starting", 0.0))
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

@@ -61,6 +61,8 @@ def test_the_app_serves_on_the_engine_it_measured_faster(tmp_path):
         assert "engine measured fastest" in kernels
         assert ("onnxruntime" in kernels) == (picked == "ort"), (picked, kernels)
         assert health["engine"]["engine"] == picked and set(health["engine"]["timings_ms"]) == {"lean", "ort"}
+        graphs = health["graph_cache"]  # what this start built and measured stays, its size said
+        assert graphs["graphs"] >= 1 and graphs["bytes"] > 0 and graphs["removed"] == [], graphs
         if picked == "ort":  # and prompts on the fp32 twin where that was measured worth its memory
             wide = health["engine"]["timings_ms"]["ort"]["prefill"] == "widen-fp32"
             said = "prompts on an fp32 copy of the weights" in kernels or "prompts on int8: the faster fp32" in kernels

@@ -48,6 +48,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+from workers.decoders.ort.prune import mark_used
 from workers.host.publish import publishing
 
 log = logging.getLogger("workers")
@@ -97,11 +98,11 @@ def build(model_path: str, cache_dir: Path, options: tuple[str, ...] = weights()
     key = hashlib.sha256(";".join([config, weights_stamp(model_path), *options, GRAPH_VERSION,
                                    metadata.version("onnxruntime-genai")]).encode()).hexdigest()[:12]
     out = cache_dir / "ort-genai" / f"{Path(model_path).name}-{key}"
-    if is_ort_model(str(out)):
-        return out
-    log.info("Building the onnxruntime graph of %s (%s, once)", model_path, options[1])
-    with publishing(out, directory=True) as building:
-        _build_into(building, model_path, options)
+    if not is_ort_model(str(out)):
+        log.info("Building the onnxruntime graph of %s (%s, once)", model_path, options[1])
+        with publishing(out, directory=True) as building:
+            _build_into(building, model_path, options)
+    mark_used(out)  # kept by ``prune`` while it is used
     return out
 
 

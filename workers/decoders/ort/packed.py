@@ -47,11 +47,15 @@ def packed(graph: Path) -> Path:
     Where the saved graph does not compute what ``graph`` does (``save_packed`` checks), the
     directory holds only ``DIFFERS`` and ``graph`` itself serves: onnxruntime 1.31 saved wrong
     weights for some tiny test models (2 layers, 64 wide) and right ones for every real one."""
-    key = hashlib.sha256(machine_id(0).encode()).hexdigest()[:12]  # threads do not change the packing
-    done = graph.parent / f"{graph.stem}.packed-{key}"
+    done = graph.parent / f"{graph.stem}.packed-{machine_key()}"
     if not (done / graph.name).is_file() and not (done / DIFFERS).is_file():
         _pack(graph, done)
     return graph if (done / DIFFERS).is_file() else done / graph.name
+
+
+def machine_key() -> str:
+    """What a packed copy is for: this machine (threads do not change the packing)."""
+    return hashlib.sha256(machine_id(0).encode()).hexdigest()[:12]
 
 
 def _pack(graph: Path, done: Path) -> None:
