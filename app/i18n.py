@@ -53,6 +53,8 @@ EN = {
     "model_line": "Model: **{name}** — {reason}",
     "kernels": "Kernels: decode {decode}{speed}, prefill {prefill} ({why})",
     "kernel_speed": " at {gbps:.0f} GB/s",
+    "lead": " · {ratio:.2f}× ahead of {runner_up} on a typical turn",
+    "lead_close": " · within the timings' precision of {runner_up} ({ratio:.2f}×): either serves about as fast",
     "quality": "Weights: {bits}-bit in blocks of {block}, perplexity {graph:.2f} against {reference:.2f} in float32 "
                "(**{percent:+.1f}%**), measured here on {tokens} tokens",
     "engine": "Engine: {name}, measured faster here",
@@ -110,6 +112,8 @@ ZH = {
     "model_line": "模型：**{name}** — {reason}",
     "kernels": "计算内核：解码 {decode}{speed}，预填充 {prefill}（{why}）",
     "kernel_speed": "（{gbps:.0f} GB/s）",
+    "lead": " · 典型一轮对话比 {runner_up} 快 {ratio:.2f} 倍",
+    "lead_close": " · 与 {runner_up} 相差在测量精度之内（{ratio:.2f} 倍）：两者速度相当",
     "quality": "权重：{bits} 位，每块 {block} 个，困惑度 {graph:.2f}，float32 为 {reference:.2f}"
                "（**{percent:+.1f}%**），在本机用 {tokens} 个 token 实测",
     "engine": "推理引擎：{name}，在本机实测更快",

@@ -20,7 +20,7 @@ from app.i18n import has_text, localize, text
 from app.startup import Startup, StartupState, progress_bar
 from workers.protocol import Done, FinishReason
 from workers.tuning.engine_choice import EngineChoice, EngineTiming
-from workers.tuning.kernel_choice import PREFILL_ROWS, KernelChoice
+from workers.tuning.kernel_choice import PREFILL_ROWS, KernelChoice, Lead
 
 # What the page adds to a reply; none of it is the model's, so none of it goes back into a prompt.
 STATS_PREFIX = "\n\n<sub>⚡ "  # the stats footer
@@ -118,7 +118,15 @@ def worker_panel(lang: str, dispatcher: Dispatcher, startup: Startup) -> str:
 
 def kernel_line(lang: str, k: KernelChoice) -> str:
     speed = text(lang, "kernel_speed", gbps=k.decode_gbps) if k.decode_gbps else ""
-    return text(lang, "kernels", decode=k.decode, speed=speed, prefill=k.prefill, why=localize(lang, k.why))
+    return (text(lang, "kernels", decode=k.decode, speed=speed, prefill=k.prefill, why=localize(lang, k.why))
+            + lead_text(lang, k.lead, k.lead.runner_up if k.lead else ""))
+
+
+def lead_text(lang: str, lead: Lead | None, runner_up: str) -> str:
+    """How sure a measured choice is (``workers.tuning.kernel_choice.Lead``); "" where it had no rival."""
+    if lead is None:
+        return ""
+    return text(lang, "lead" if lead.clear else "lead_close", ratio=lead.ratio, runner_up=runner_up)
 
 
 def engine_lines(lang: str, choice: EngineChoice, packed: str) -> list[str]:
@@ -126,7 +134,8 @@ def engine_lines(lang: str, choice: EngineChoice, packed: str) -> list[str]:
     rows = [f"| {engine_name(lang, name)}{' ✔' if name == choice.engine else ''} | {prefill_cell(lang, t)} | "
             f"{text(lang, 'ms1', ms=t.step_ms)} | {text(lang, 'ms1', ms=t.batch_step_ms)} |"
             for name, t in choice.timings.items()]
-    return [text(lang, "engine", name=engine_name(lang, choice.engine)) + packed, "",
+    ahead = lead_text(lang, choice.lead, engine_name(lang, choice.lead.runner_up) if choice.lead else "")
+    return [text(lang, "engine", name=engine_name(lang, choice.engine)) + packed + ahead, "",
             text(lang, "engine_table", rows=PREFILL_ROWS), "|---|---|---|---|", *rows]
 
 

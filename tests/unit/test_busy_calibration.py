@@ -239,3 +239,11 @@ def test_engine_timings_in_doubt_are_not_cached(tmp_path, monkeypatch, caplog):
     assert len(list(tmp_path.rglob("*.json"))) == 1  # the verdict alone
     monkeypatch.setattr(engine_choice, "run_pinned", lambda *a, **k: pytest.fail("measured again"))
     assert engine_choice.measure({"lean": spec}, LAYOUT, 4, tmp_path) == {"lean": quiet}  # from the cache
+
+
+def test_the_engine_choice_says_how_far_ahead_it_is():
+    choice = engine_choice.pick({"lean": EngineTiming(280.0, 38.0, 48.0), "ort": EngineTiming(420.0, 21.0, 40.0)})
+    lean_turn, ort_turn = 2 * 280 + 256 * 43.0, 2 * 420 + 256 * 30.5
+    assert choice.engine == "ort" and choice.lead.runner_up == "lean"
+    assert choice.lead.ratio == pytest.approx(lean_turn / ort_turn) and choice.report()["lead"]["clear"]
+    assert f"measured faster here, {lean_turn / ort_turn:.2f}x ahead of lean (" in choice.summary()

@@ -72,3 +72,19 @@ def test_a_kernel_that_decodes_faster_but_prefills_far_slower_loses():
     assert choose(measured(times), Allowed()).decode == "int8pack-bf16"
     times[("int8-ort", "prefill-128", "ort-fp32")] = 20.0
     assert choose(measured(times), Allowed()).decode == "int8-ort"
+
+
+def test_a_choice_says_how_far_ahead_of_the_runner_up_it_is_and_when_that_is_within_the_noise():
+    """A typical turn: 256 prompt tokens (2 prefills of 128) and 256 steps, half alone, half batched."""
+    fp32 = {("fp32", "decode-1", "decode"): 2.0, ("fp32", "decode-4", "decode"): 4.0,
+            ("fp32", "prefill-128", "same"): 10.0}  # a turn: 2 x 10 + 256 x 3 = 788 ms a layer
+    clear = choose(measured({**fp32, ("bf16", "decode-1", "decode"): 1.0, ("bf16", "decode-4", "decode"): 2.0,
+                             ("bf16", "prefill-128", "same"): 5.0}), Allowed())  # 394 ms
+    assert (clear.decode, clear.lead.runner_up, clear.lead.clear) == ("bf16", "fp32", True)
+    assert clear.lead.ratio == pytest.approx(2.0) and "(measured fastest, 2.00x ahead of fp32)" in clear.summary()
+    close = choose(measured({**fp32, ("bf16", "decode-1", "decode"): 1.9, ("bf16", "decode-4", "decode"): 3.8,
+                             ("bf16", "prefill-128", "same"): 9.5}), Allowed())  # 748.6 ms: 5% ahead
+    assert close.decode == "bf16" and not close.lead.clear
+    assert close.report()["lead"] == {"runner_up": "fp32", "ratio": 1.053, "clear": False}
+    assert "within the timings' precision of fp32 (1.05x)" in close.summary()
+    assert choose(measured(fp32), Allowed(kernel="fp32")).lead is None  # forced: no contest

@@ -37,7 +37,8 @@ from workers.host.publish import publish_json
 from workers.spec import EngineKind, EngineSpec
 from workers.tuning import steady
 from workers.tuning.pinned import run_pinned
-from workers.tuning.kernel_choice import BATCH_MARGIN, FLOOR_MARGIN, PREFILL_ROWS, TURN_PROMPT_TOKENS, TURN_REPLY_TOKENS
+from workers.tuning.kernel_choice import (BATCH_MARGIN, FLOOR_MARGIN, PREFILL_ROWS, TURN_PROMPT_TOKENS,
+                                         TURN_REPLY_TOKENS, Lead, lead)
 
 log = logging.getLogger(__name__)
 
@@ -91,12 +92,19 @@ class EngineChoice:
         return "measured fastest" + ("" if self.trusted else " on a busy machine (its least disturbed timings; "
                                                               "measured again once the machine is quiet)")
 
+    @property
+    def lead(self) -> Lead | None:
+        """How far ahead of the other engine it is on a typical turn."""
+        return lead({name: t.turn_ms for name, t in self.timings.items()}, self.engine)
+
     def summary(self) -> str:
-        return f"{NAMES[self.engine]}, {self.why.replace('measured fastest', 'measured faster here')} (" + "; ".join(
-            f"{NAMES[name]}: {t.summary()}" for name, t in self.timings.items()) + ")"
+        ahead = f", {self.lead.summary()}" if self.lead else ""
+        return f"{NAMES[self.engine]}, {self.why.replace('measured fastest', 'measured faster here')}{ahead} (" + \
+            "; ".join(f"{NAMES[name]}: {t.summary()}" for name, t in self.timings.items()) + ")"
 
     def report(self) -> dict:
         return {"engine": self.engine, "why": self.why, "trusted": self.trusted,
+                "lead": self.lead.report() if self.lead else None,
                 "timings_ms": {name: {k: v for k, v in dataclasses.asdict(t).items() if k != "doubts"}
                                for name, t in self.timings.items()},
                 "doubts": [f"{name}: {d}" for name, t in self.timings.items() for d in t.doubts]}

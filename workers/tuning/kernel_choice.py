@@ -19,6 +19,7 @@ PREFILL_ROWS = 128  # the prefill phase is timed at this many rows
 MAX_REL_ERROR = 0.03  # vs fp32 on real weights; per-channel int8 measures ~1%, bf16 ~0.3%
 TURN_PROMPT_TOKENS = 256  # what ``choose`` weighs: a typical chat turn (prompt with history, reply)
 TURN_REPLY_TOKENS = 256
+CLEAR_LEAD = 1.1  # a winner this far ahead is clear: beyond the medians' precision (``steady.PRECISION``)
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,37 @@ class Measurement:
 
 
 @dataclass(frozen=True)
+class Lead:
+    """How sure a measured choice is: how far ahead of the runner-up it is on a typical turn.
+    Within ``CLEAR_LEAD`` the two are as fast as the timings can tell, and either would serve
+    about as well: the choice is then no finding about this CPU, only a pick."""
+
+    runner_up: str
+    ratio: float  # the runner-up's typical turn over the winner's
+
+    @property
+    def clear(self) -> bool:
+        return self.ratio >= CLEAR_LEAD
+
+    def summary(self) -> str:
+        if self.clear:
+            return f"{self.ratio:.2f}x ahead of {self.runner_up}"
+        return f"within the timings' precision of {self.runner_up} ({self.ratio:.2f}x)"
+
+    def report(self) -> dict:
+        return {"runner_up": self.runner_up, "ratio": round(self.ratio, 3), "clear": self.clear}
+
+
+def lead(turn_ms: dict[str, float], winner: str) -> Lead | None:
+    """The winner's lead over the next fastest of ``turn_ms`` (None where it had no rival)."""
+    rivals = {name: ms for name, ms in turn_ms.items() if name != winner and math.isfinite(ms)}
+    if not rivals or not turn_ms[winner] > 0:
+        return None
+    runner_up = min(rivals, key=rivals.get)
+    return Lead(runner_up, rivals[runner_up] / turn_ms[winner])
+
+
+@dataclass(frozen=True)
 class Allowed:
     """What the flags let ``choose`` pick: int8 weights or not, a compute dtype or any, one kernel."""
 
@@ -74,10 +106,12 @@ class KernelChoice:
     decode_gbps: float  # measured, at one row
     why: str  # in words: measured fastest, forced, or the only one allowed
     measurement: Measurement | None = field(default=None, repr=False)
+    lead: Lead | None = None  # where measured fastest of several: by how much
 
     def summary(self) -> str:
         speed = f" at {self.decode_gbps:.0f} GB/s" if self.decode_gbps else ""
-        return f"decode {self.decode}{speed}, prefill {self.prefill} ({self.why})"
+        ahead = f", {self.lead.summary()}" if self.lead else ""
+        return f"decode {self.decode}{speed}, prefill {self.prefill} ({self.why}{ahead})"
 
     def report(self) -> dict:
         """For /health and the benchmark: the choice, and the timings it was made from."""
@@ -93,6 +127,7 @@ class KernelChoice:
             "unavailable": dict(m.unavailable) if m else {},
             "trusted": m.trusted if m else None,
             "doubts": list(m.doubts) if m else [],
+            "lead": self.lead.report() if self.lead else None,
         }
 
 
@@ -160,7 +195,9 @@ def choose(m: Measurement, allowed: Allowed, max_error: float = MAX_REL_ERROR) -
                                    f"{allowed.dtype} on this machine (errors: {m.errors}; "
                                    f"unavailable: {m.unavailable})")
         decode = min(fitting, key=turn_ms)
+        ahead = lead({name: turn_ms(name) for name in fitting}, decode)
         why = "measured fastest" if len(fitting) > 1 else "the only allowed kernel"
         if not m.trusted:
             why += " on a busy machine (its least disturbed timings; measured again once the machine is quiet)"
-    return KernelChoice(decode, best_prefill(decode)[0], KERNELS[decode].activation, m.gbps(decode, "decode-1"), why, m)
+    return KernelChoice(decode, best_prefill(decode)[0], KERNELS[decode].activation, m.gbps(decode, "decode-1"), why, m,
+                        ahead if allowed.kernel == "auto" else None)
