@@ -69,10 +69,12 @@ def load_engine(spec: WorkerSpec):
     # slower to be ready, measured), not beside the first replies, whose tokens it froze for as long
     grammars = threading.Thread(target=engine.grammars.warm, name="grammar-warm-up", daemon=True)
     grammars.start()
+    loaded_s = time.monotonic() - started
     warm_up(engine, spec.warmup_tokens)
     grammars.join()
     load_s = time.monotonic() - started
-    log.info("ready in %.1f s on cpus %s with %d threads", load_s, spec.layout.cpus, spec.layout.threads)
+    log.info("ready in %.1f s (loading %.1f s, warming up %.1f s) on cpus %s with %d threads", load_s, loaded_s,
+             load_s - loaded_s, spec.layout.cpus, spec.layout.threads)
     return engine, Ready(
         pid=os.getpid(),
         cores=tuple(sorted(os.sched_getaffinity(0))),
