@@ -155,7 +155,7 @@ def _measure_in_process(layout: WorkerLayout, model_path: str, shapes: Shapes, m
         except ProcessDied as died:
             if died.during not in left:
                 raise  # not a kernel's doing (it died loading torch, or the machine killed it)
-            dropped[died.during] = f"the process measuring it died of {died.signal or 'an exit'}"
+            dropped[died.during] = "the process measuring it died" + (f" of {died.signal}" if died.signal else "")
             log.warning("Dropping the %s kernel: %s (the CPU advertises an instruction set this machine does not "
                         "let it run?); measuring the others again.", died.during, dropped[died.during])
             continue
