@@ -170,10 +170,11 @@ def prepare_ort(model: ResolvedModel, cache_dir: Path, layout: WorkerLayout, sta
 def prune_graphs(cache_dir: Path):
     """The graph cache without what no start here can use (``workers.decoders.ort.prune``),
     once this start's graphs are marked used; None where it cannot be read."""
+    from workers.decoders.ort.graph import builder_version
     from workers.decoders.ort.prune import prune
 
     try:
-        return prune(cache_dir / "ort-genai")
+        return prune(cache_dir / "ort-genai", builder_version())
     except OSError as exc:  # housekeeping never stops a start
         log.warning("Could not prune the graph cache (%s).", exc)
         return None

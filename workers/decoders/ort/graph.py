@@ -102,8 +102,13 @@ def build(model_path: str, cache_dir: Path, options: tuple[str, ...] = weights()
         log.info("Building the onnxruntime graph of %s (%s, once)", model_path, options[1])
         with publishing(out, directory=True) as building:
             _build_into(building, model_path, options)
-    mark_used(out)  # kept by ``prune`` while it is used
+    mark_used(out, builder_version())  # kept by ``prune`` while it is used
     return out
+
+
+def builder_version() -> str:
+    """What a graph's stamp names (``prune.mark_used``): this module's version and the builder's."""
+    return f"graph {GRAPH_VERSION}, onnxruntime-genai {metadata.version('onnxruntime-genai')}"
 
 
 def _build_into(building: Path, model_path: str, options: tuple[str, ...]) -> None:

@@ -14,8 +14,8 @@ builder's version when used (``mark_used``); at start-up, ``prune`` removes
 
 A process still serving on a removed graph keeps it: its files stay mapped until it ends.
 
-    mark_used(graph_dir)                      # graph.build, on every use
-    report = prune(cache_dir / "ort-genai")   # app.prepare, once per start
+    mark_used(graph_dir, builder_version())                      # graph.build, on every use
+    report = prune(cache_dir / "ort-genai", builder_version())   # app.prepare, once per start
 """
 
 from __future__ import annotations
@@ -48,29 +48,20 @@ class CacheReport:
                 "freed_bytes": self.freed_bytes}
 
 
-def builder_version() -> str:
-    from importlib import metadata
-
-    from workers.decoders.ort.graph import GRAPH_VERSION
-
-    return f"graph {GRAPH_VERSION}, onnxruntime-genai {metadata.version('onnxruntime-genai')}"
-
-
-def mark_used(graph_dir: Path, version: str | None = None) -> None:
-    """Stamp ``graph_dir`` as used now, by this builder version."""
+def mark_used(graph_dir: Path, version: str) -> None:
+    """Stamp ``graph_dir`` as used now, by builder ``version`` (``graph.builder_version``)."""
     try:
-        (graph_dir / USED).write_text((version or builder_version()) + "\n")
+        (graph_dir / USED).write_text(version + "\n")
     except OSError:  # a read-only cache: nothing to prune there either
         pass
 
 
-def prune(cache: Path, machine_key: str | None = None, version: str | None = None,
-          now: float | None = None) -> CacheReport:
+def prune(cache: Path, version: str, machine_key: str | None = None, now: float | None = None) -> CacheReport:
     """Remove what ``cache`` (the ``ort-genai`` directory) holds that nothing here can use (see
     the module); ``machine_key``: the current packed copies' suffix (``packed.machine_key``)."""
     from workers.decoders.ort.packed import machine_key as current_key
 
-    machine_key, version = machine_key or current_key(), version or builder_version()
+    machine_key = machine_key or current_key()
     now = time.time() if now is None else now
     removed: list[tuple[Path, int]] = []
     for entry in sorted(cache.iterdir()) if cache.is_dir() else ():
