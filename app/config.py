@@ -71,7 +71,7 @@ class AppConfig:
     header_timeout_s: float = 10  # a request's head must arrive within this, else the connection is closed
     body_timeout_s: float = 60  # and its body within this after the head
     heartbeat_timeout_s: float = 30  # a ready worker silent this long (it beats every 1 s) is killed, restarted
-    login_failures_max: int = 10  # wrong logins at one name from one address per window (app.auth) ...
+    login_failures_max: int = 10  # wrong logins at one name from one address per window (app.edge.auth) ...
     login_failures_window_s: float = 60  # ... before its attempts get 429 until the oldest leaves the window
     forwarded_allow_ips: str = ""  # proxies whose X-Forwarded-For names the client ("": trust none)
     caller_slots: int = 2  # slots past which one caller's waiters let other callers' go first (0: no cap)

@@ -27,7 +27,8 @@ from pathlib import Path
 from app import startup as stages
 from app.config import AppConfig
 from app.startup import Quality, Startup
-from workers.decoders.lean.model import ModelArgs, UnsupportedModel
+from workers.decoders.lean.args import ModelArgs
+from workers.errors import UnsupportedModel
 from workers.host.cores import WorkerLayout
 from workers.loading.resolve import ResolvedModel, resolve_model
 from workers.spec import EngineKind, EngineSpec

@@ -13,8 +13,8 @@ worker.
 What strangers can send is bounded at the edge: on a loopback-only server requests must name
 a loopback host, a connection must deliver its request's head and body in time, and the page
 loads images from this server only, so a reply cannot make readers' browsers call out
-(``app.edge``); uploads are capped and deleted after a while (here); logins are throttled
-(``app.auth``).
+(``app.edge.guards``); uploads are capped and deleted after a while (here); logins are throttled
+(``app.edge.auth``).
 """
 
 from __future__ import annotations
@@ -30,18 +30,19 @@ import uvicorn
 from fastapi import FastAPI, HTTPException
 from fastapi.exceptions import RequestValidationError
 
-from app.api import build_router
-from app.api_errors import http_error, validation_error
-from app.auth import AuthError, Login, LoginThrottle, PageLoginThrottle, parse_auth
-from app.backends import pool_factory
+from app.edge.api import build_router
+from app.edge.errors import http_error, validation_error
+from app.edge.auth import AuthError, Login, LoginThrottle, PageLoginThrottle, parse_auth
+from app.pool.backends import pool_factory
 from app.config import AppConfig, ConfigError
-from app.dispatcher import Dispatcher, DispatcherConfig
-from app.edge import LOOPBACK_HOSTS, LoopbackHostOnly, OwnImagesOnly, timed_protocol
-from app.metrics import AppMetrics, build_metrics_router
-from app.pool import call_soon
+from app.dispatch.dispatcher import Dispatcher
+from app.dispatch.requests import DispatcherConfig
+from app.edge.guards import LOOPBACK_HOSTS, LoopbackHostOnly, OwnImagesOnly, timed_protocol
+from app.edge.metrics import AppMetrics, build_metrics_router
+from app.pool.local import call_soon
 from app.prepare import prepare_model
 from app.startup import Startup
-from app.ui import build_ui, page_i18n, quiet_when_idle
+from app.page.ui import build_ui, page_i18n, quiet_when_idle
 from workers.host.cores import LayoutError, auto_workers, physical_cores, plan_layout
 from workers.loading.resolve import ModelNotFound, check_spec
 from workers.protocol import EngineConfig
@@ -119,7 +120,7 @@ def build_app(config: AppConfig, dispatcher: Dispatcher, auth: Login | None = No
         finally:
             await dispatcher.stop()
 
-    docs = {} if auth is None else {"docs_url": None, "redoc_url": None, "openapi_url": None}  # app.api serves them behind a login
+    docs = {} if auth is None else {"docs_url": None, "redoc_url": None, "openapi_url": None}  # app.edge.api serves them behind a login
     app = FastAPI(title="CPU Chat", lifespan=lifespan, **docs)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(HTTPException, http_error)

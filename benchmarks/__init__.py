@@ -1,1 +1,1 @@
-"""Benchmarks: ``python -m benchmarks.run --help``."""
+"""Benchmarks: ``python -m benchmarks`` lists them, ``python -m benchmarks NAME`` runs one."""

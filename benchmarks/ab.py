@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 
 from benchmarks import qwen_shape
-from benchmarks.run import BASELINE, CACHE, ROOT, _machine, save
+from benchmarks.harness import CACHE, ROOT, describe_machine, save
+from benchmarks.run import BASELINE
 from benchmarks.stats import Summary
 
 DEFAULT = {"engine": "auto", "threads": 2}
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         runs[BASELINE].append(run_in(ROOT, {**SEEDS, **common}))
         for label, tree in (trees.items() if round_ % 2 == 0 else reversed(trees.items())):
             runs[label].append(run_in(tree, {**DEFAULT, **common}))
-    machine = _machine()
+    machine = describe_machine()
     rows = {label: figures(r) for label, r in runs.items()}
     save(machine, args.name, {"machine": machine, "trees": {k: str(v) for k, v in trees.items()}, "runs": runs,
                               "summary": {k: {m: s.dict() for m, s in v.items()} for k, v in rows.items()}},

@@ -14,7 +14,7 @@ import json
 import time
 
 from benchmarks import qwen_shape
-from benchmarks.run import CACHE, _machine, entry, run_module, save
+from benchmarks.harness import CACHE, describe_machine, entry, run_module, save
 from benchmarks.stats import fmt, summarize_keys
 
 PROMPT_TOKENS = 3500
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from workers.loading.resolve import resolve_model
 
-    machine = _machine()
+    machine = describe_machine()
     bundled = resolve_model("bundled", CACHE).path
     models = {"bundled SmolLM2-135M, 1 thread": (str(bundled), 1),
               "Qwen1.5-0.5B shape, 2 threads": (str(qwen_shape.build(CACHE / "qwen1.5-0.5b-shape", bundled)), 2)}

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from benchmarks import arch_shapes
-from benchmarks.run import CACHE, ROOT, _machine, save
+from benchmarks.harness import CACHE, ROOT, describe_machine, save
 from benchmarks.stats import Summary
 
 PROMPT_TOKENS = 64
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.one or args.check:
         print(json.dumps(measure(json.loads(args.one)) if args.one else check_logits(json.loads(args.check))))
         return 0
-    machine = _machine()
+    machine = describe_machine()
     from workers.loading.resolve import resolve_model
 
     tokenizer = resolve_model("bundled", CACHE).path

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks import serve_bench
-from benchmarks.run import _machine, save
+from benchmarks.harness import describe_machine, save
 from benchmarks.stats import Summary, fmt
 from tests.e2e import start_app
 
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--max-batch", type=int, default=4)
     args = p.parse_args(argv)
-    machine = _machine()
+    machine = describe_machine()
     raw: dict[str, dict[str, list[float]]] = {b: {str(s): [] for s in STREAMS} for b in BACKENDS}
     cpu: dict[str, dict[str, list[float]]] = {b: {str(s): [] for s in STREAMS} for b in BACKENDS}
     for round_ in range(args.rounds):

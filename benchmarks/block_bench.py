@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from benchmarks import qwen_shape
-from benchmarks.run import CACHE, _machine, entry, run_module, save
+from benchmarks.harness import CACHE, describe_machine, entry, run_module, save
 from benchmarks.stats import Summary
 
 BLOCKS = (32, 64, 128)
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--quantize", choices=("int8", "int4"), default="int8")
     args = p.parse_args(argv)
-    machine = _machine()
+    machine = describe_machine()
     bundled = resolve_model("bundled", CACHE).path
     models = {"bundled SmolLM2-135M (real weights)": (str(bundled), True),
               "Qwen1.5-0.5B shape (random weights)": (str(qwen_shape.build(CACHE / "qwen1.5-0.5b-shape", bundled)),

@@ -18,7 +18,7 @@ import argparse
 import json
 
 from benchmarks import qwen_shape
-from benchmarks.run import CACHE, _machine, entry, run_module, save
+from benchmarks.harness import CACHE, describe_machine, entry, run_module, save
 from benchmarks.stats import fmt, summarize_keys
 
 ENGINES = {"the app's default: engine measured here": "auto", "lean, measured kernel (--engine lean)": "lean"}
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from workers.loading.resolve import resolve_model
 
-    machine = _machine()
+    machine = describe_machine()
     qwen = str(qwen_shape.build(CACHE / "qwen1.5-0.5b-shape", resolve_model("bundled", CACHE).path))
     results = {}
     for label, engine in ENGINES.items():

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks import qwen_shape, serve_bench
-from benchmarks.run import CACHE, _machine, save
+from benchmarks.harness import CACHE, describe_machine, save
 from benchmarks.stats import Summary, fmt
 from tests.e2e import start_app
 
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--repeats", type=int, default=2)
     args = p.parse_args(argv)
-    machine = _machine()
+    machine = describe_machine()
     from workers.loading.resolve import resolve_model
 
     qwen = str(qwen_shape.build(CACHE / "qwen1.5-0.5b-shape", resolve_model("bundled", CACHE).path))

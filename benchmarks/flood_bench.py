@@ -15,7 +15,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from benchmarks.run import _machine, save
+from benchmarks.harness import describe_machine, save
 from benchmarks.stats import Summary, fmt
 from tests.e2e import start_app
 from tests.flood import ANSWERED, REFUSED, run_flood
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args(argv)
-    machine = _machine()
+    machine = describe_machine()
     runs = []
     for r in range(args.repeats):
         with tempfile.TemporaryDirectory() as tmp:

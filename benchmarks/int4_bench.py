@@ -26,7 +26,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from benchmarks.run import CACHE, _machine, entry, run_module, save
+from benchmarks.harness import CACHE, describe_machine, entry, run_module, save
 from benchmarks.stats import Summary
 from workers.decoders.ort.graph import weights
 from workers.tuning import perplexity
@@ -81,7 +81,8 @@ def llama_perplexities(model_dir: str) -> dict:
     """llama.cpp's own perplexity tool on the same model as GGUF (bf16, q8_0, Q4_K_M, and the
     package's Q4_1), on the same text: ``llama-perplexity -c 512`` scores each window's second
     half only (the graphs' column of that name does too); its rises over bf16 are what compare."""
-    from benchmarks.llama_anchor import GGUF, build_llama, convert, llama_source, quantize
+    from benchmarks.llama.build import build_llama, llama_source
+    from benchmarks.llama.convert import GGUF, convert, quantize
     from workers.loading.resolve import bundled_gguf
 
     tools = build_llama()
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from workers.loading.resolve import resolve_model
 
-    machine = _machine()
+    machine = describe_machine()
     spec = {"threads": 2, "model": str(resolve_model("bundled", CACHE).path), "cache_dir": str(CACHE),
             "rounds": args.rounds}
     result = run_module("benchmarks.int4_bench", "--one", json.dumps(spec))

@@ -24,7 +24,7 @@ import sys
 import time
 
 from benchmarks import qwen_shape
-from benchmarks.run import CACHE, ROOT, _machine, save
+from benchmarks.harness import CACHE, ROOT, describe_machine, save
 from benchmarks.stats import Summary
 
 GROUPS = {  # name: (model, engine, kernel, cache dtypes: the engine's own first)
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
 
     bundled = resolve_model("bundled", CACHE).path
     models = {"qwen": str(qwen_shape.build(CACHE / "qwen1.5-0.5b-shape", bundled)), "bundled": bundled}
-    results = {"machine": _machine(), "started": time.ctime(), "threads": THREADS, "rounds": args.rounds,
+    results = {"machine": describe_machine(), "started": time.ctime(), "threads": THREADS, "rounds": args.rounds,
                "steps": args.steps, "contexts": contexts, "groups": []}
     for name in args.groups.split(","):
         model, engine, kernel, kvs = GROUPS[name]

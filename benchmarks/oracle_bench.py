@@ -37,7 +37,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.run import _machine, save
+from benchmarks.harness import describe_machine, save
 from benchmarks.stats import Summary, fmt
 from tests.e2e import start_app
 
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=24)
     args = p.parse_args(argv)
-    machine = _machine()
+    machine = describe_machine()
     load = [os.getloadavg()[0]]  # the machine is shared: how busy it was, beside the figures
     with tempfile.TemporaryDirectory() as tmp:
         app = start_app(Path(tmp), "--model", "bundled", "--workers", "1", "--threads-per-worker", "1",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import time
 
-from benchmarks.run import CACHE, _machine, entry, run_module, save
+from benchmarks.harness import CACHE, describe_machine, entry, run_module, save
 from benchmarks.stats import Summary
 
 TOKENS = 48
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from workers.loading.resolve import resolve_model
 
-    machine = _machine()
+    machine = describe_machine()
     spec = {"engine": "auto", "kernel": "auto", "threads": 2, "model": str(resolve_model("bundled", CACHE).path),
             "cache_dir": str(CACHE), "rounds": args.rounds}
     result = run_module("benchmarks.reproducible_bench", "--one", json.dumps(spec))

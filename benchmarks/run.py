@@ -19,19 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from benchmarks import qwen_shape, serve_bench
+from benchmarks.harness import CACHE, ROOT, describe_machine, run_module
 from benchmarks.stats import Summary, fmt, summarize_keys
-
-ROOT = Path(__file__).resolve().parent.parent
-CACHE = Path.home() / ".cache" / "cpu-chat"
 
 BASELINE = "seeds: HF generate fp32"
 AUTO = "the app's default: engine and kernels measured here"
@@ -45,27 +40,11 @@ ENGINES = [  # label, spec (threads None = torch's default)
     ("onnxruntime graph, int8 (--engine ort)", {"engine": "ort", "threads": 2}),
     ("onnxruntime graph, prompts on its fp32 twin", {"engine": "ort", "prefill": "fp32", "threads": 2}),
 ]
-CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
 
 
 def run_engine(spec: dict) -> dict:
     """Each configuration in a fresh process: thread pools are fixed at torch's first use."""
     return run_module("benchmarks.engine_bench", json.dumps(spec))
-
-
-def entry(main, measure) -> None:
-    """A benchmark's command line: ``--one SPEC [ARG...]`` measures in this process (each
-    ``run_module`` call is a fresh one) and prints the JSON; anything else runs ``main``."""
-    if sys.argv[1:2] == ["--one"]:
-        print(json.dumps(measure(json.loads(sys.argv[2]), *sys.argv[3:])))
-    else:
-        sys.exit(main())
-
-
-def run_module(module: str, *args: str) -> dict:
-    """``python -m module args`` in a fresh process → the JSON its last line of output prints."""
-    out = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks import llama_anchor
 
         return llama_anchor.main(["--rounds", str(args.repeats)])
-    machine = _machine()
+    machine = describe_machine()
     args.out = args.out or ROOT / "benchmarks" / "results" / machine["cpu_class"]
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -121,32 +100,6 @@ def main(argv: list[str] | None = None) -> int:
     plot(report, args.out)
     print(markdown(report))
     return 0
-
-
-def save(machine: dict, name: str, data: dict, text: str) -> None:
-    """``<name>.json`` and ``<name>.md`` under ``benchmarks/results/<CPU class>/``; the text printed too."""
-    out = ROOT / "benchmarks" / "results" / machine["cpu_class"]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(data, indent=2))
-    (out / f"{name}.md").write_text(text)
-    print(text)
-
-
-def _machine() -> dict:
-    """The CPU model and the flags that decide which kernels are fast, and the class the
-    results are filed under: the flags' own, or "<flags>-as-avx2" when torch and oneDNN were
-    held to AVX2 on a bigger CPU (fbgemm and onnxruntime still see the real CPU)."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
-    model = next((l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("model name")),
-                 platform.processor())
-    flags = set(next((l.split(":", 1)[1].split() for l in info.splitlines() if l.startswith("flags")), []))
-    native = ("amx" if "amx_bf16" in flags else "avx512-bf16" if "avx512_bf16" in flags
-              else "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "other")
-    forced = {v: os.environ[v] for v in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA") if v in os.environ}
-    cpu_class = f"{native}-as-avx2" if forced.get("ATEN_CPU_CAPABILITY", "").lower() == "avx2" and native != "avx2" \
-        else native
-    return {"python": platform.python_version(), "cpus": model, "cores": os.cpu_count(),
-            "flags": sorted(flags & set(CPU_FLAGS)), "isa_limits": forced, "cpu_class": cpu_class}
 
 
 def summarize(results: dict) -> dict:

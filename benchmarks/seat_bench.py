@@ -21,7 +21,7 @@ import json
 import time
 
 from benchmarks import qwen_shape
-from benchmarks.run import CACHE, _machine, entry, run_module, save
+from benchmarks.harness import CACHE, describe_machine, entry, run_module, save
 from benchmarks.stats import fmt, summarize_keys
 
 WAYS = ("moved out (before)", "left in place (now)")
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from workers.loading.resolve import resolve_model
 
-    machine = _machine()
+    machine = describe_machine()
     qwen = str(qwen_shape.build(CACHE / "qwen1.5-0.5b-shape", resolve_model("bundled", CACHE).path))
     spec = {"engine": "auto", "kernel": "auto", "threads": 2, "model": qwen, "cache_dir": str(CACHE),
             "rounds": args.rounds}

@@ -17,28 +17,29 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from benchmarks import llama_anchor, qwen_shape
-from benchmarks.run import CACHE, ROOT, _machine, save
+from benchmarks import qwen_shape
+from benchmarks.llama import measure as anchor
+from benchmarks.harness import CACHE, ROOT, describe_machine, save
 from benchmarks.stats import fmt
 from tests.e2e import start_app
 
-KEYS = {key: label for key, (label, _) in llama_anchor.ROWS.items()}
+KEYS = {key: label for key, (label, _) in anchor.ROWS.items()}
 
 
 def measure_model(trees: dict[str, Path], model: str, random_weights: bool, rounds: int) -> dict:
-    """Both checkouts' apps on ``model``, measured alternately (``llama_anchor.measure_group``)."""
+    """Both checkouts' apps on ``model``, measured alternately (``benchmarks.llama.measure.measure_group``)."""
     servers = []
     try:
         for name, tree in trees.items():
             app = start_app(Path(tempfile.mkdtemp()), "--model", model, "--log-level", "warning", root=tree)
-            servers.append(llama_anchor.Server(name, app.url, app.stop, {}))
-        runs = llama_anchor.measure_group(servers, llama_anchor.Asks.of(model, random_weights), rounds, 0)
+            servers.append(anchor.Server(name, app.url, app.stop, {}))
+        runs = anchor.measure_group(servers, anchor.Asks.of(model, random_weights), rounds, 0)
     finally:
         for server in servers:
             server.stop()
     before, after = (runs[name] for name in trees)
-    return {"runs": runs, "summary": {name: llama_anchor.summarize(r) for name, r in runs.items()},
-            "after_over_before": {key: llama_anchor.paired_ratio(after, before, key) for key in KEYS}}
+    return {"runs": runs, "summary": {name: anchor.summarize(r) for name, r in runs.items()},
+            "after_over_before": {key: anchor.paired_ratio(after, before, key) for key in KEYS}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,12 +57,12 @@ def main(argv: list[str] | None = None) -> int:
               "Qwen1.5-0.5B shape": (str(qwen_shape.build(CACHE / "qwen1.5-0.5b-shape", bundled)), True)}
     if args.models != "both":
         models = {label: m for label, m in models.items() if label.lower().startswith(args.models)}
-    machine = _machine()
+    machine = describe_machine()
     results = {}
     lines = [f"CPU: {machine['cpus']} ({machine['cores']} cores), flags {' '.join(machine['flags'])}. "
              f"Each checkout's app with its defaults, side by side; median (min–max) of {args.rounds} rounds, "
              "the order turned each round (`benchmarks.llama_anchor`'s client: distinct ~70-token prompts, greedy, "
-             f"64 tokens; one after a ~{llama_anchor.LONG_PROMPT_TOKENS:,}-token document). before: {trees['before']}; after: this checkout. after ÷ before: the paired ratio of "
+             f"64 tokens; one after a ~{anchor.LONG_PROMPT_TOKENS:,}-token document). before: {trees['before']}; after: this checkout. after ÷ before: the paired ratio of "
              "speeds per round (time to first token: before's time over after's).", ""]
     for label, (model, random_weights) in models.items():
         print(f"serve A/B: {label} ...", flush=True)

@@ -26,7 +26,7 @@ import statistics
 import textwrap
 import time
 
-from benchmarks.run import CACHE, _machine, entry, run_module, save
+from benchmarks.harness import CACHE, describe_machine, entry, run_module, save
 from benchmarks.stats import Summary
 
 TOKENS = 200  # new tokens a reply may have
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from workers.loading.resolve import resolve_model
 
-    machine = _machine()
+    machine = describe_machine()
     spec = {"engine": "auto", "kernel": "auto", "threads": 2, "model": str(resolve_model("bundled", CACHE).path),
             "cache_dir": str(CACHE), "rounds": args.rounds}
     result = run_module("benchmarks.speculation_bench", "--one", json.dumps(spec))

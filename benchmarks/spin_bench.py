@@ -25,7 +25,7 @@ import json
 import time
 
 from benchmarks import qwen_shape
-from benchmarks.run import CACHE, _machine, entry, run_module, save
+from benchmarks.harness import CACHE, describe_machine, entry, run_module, save
 from benchmarks.stats import Summary, fmt, summarize_keys
 
 WAYS = ("onnxruntime's default, ~40 ms (before)", "2 ms at most (now)")
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from workers.loading.resolve import resolve_model
 
-    machine = _machine()
+    machine = describe_machine()
     bundled = resolve_model("bundled", CACHE).path
     models = {"Qwen1.5-0.5B shape": (str(qwen_shape.build(CACHE / "qwen1.5-0.5b-shape", bundled)), True),
               "bundled SmolLM2-135M": (bundled, False)}

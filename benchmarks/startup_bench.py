@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 
 from benchmarks import qwen_shape
-from benchmarks.run import CACHE, ROOT, _machine, save
+from benchmarks.harness import CACHE, ROOT, describe_machine, save, stop_process
 from benchmarks.stats import Summary
 from workers.loading.resolve import resolve_model
 
@@ -58,12 +58,7 @@ def one_start(checkout: Path, model: str, cache_dir: Path, log: Path) -> dict:
             raise RuntimeError(f"not ready within {READY_TIMEOUT_S} s: see {log}")
         ready_s = time.perf_counter() - began
     finally:
-        app.terminate()
-        try:
-            app.wait(30)
-        except subprocess.TimeoutExpired:
-            app.kill()
-            app.wait()
+        stop_process(app)
     measured = [line.split(" INFO ", 1)[-1].split(" WARNING ", 1)[-1][:120]
                 for line in log.read_text().splitlines() if MEASURED.search(line)]
     return {"ready_s": round(ready_s, 2), "measured": measured}
@@ -103,7 +98,7 @@ def main() -> int:
     checkouts = [(label, c.resolve()) for label, c in zip(args.label or [c.name for c in args.checkout],
                                                           args.checkout, strict=True)] + [("this checkout", ROOT)]
     runs = {label: starts(path, model, args.warm, logs) for label, path in checkouts}
-    machine = _machine()
+    machine = describe_machine()
     save(machine, "startup", {"machine": machine, "model": model, "runs": runs}, markdown(machine, model, runs))
     return 0
 

@@ -19,7 +19,7 @@ import statistics
 import time
 
 from benchmarks import qwen_shape
-from benchmarks.run import CACHE, _machine, entry, run_module, save
+from benchmarks.harness import CACHE, describe_machine, entry, run_module, save
 
 STEPS = 200
 WIRES = ("dill", "pickle", "pickle", "dill")  # each model's runs, in this order
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     p.parse_args(argv)
     from workers.loading.resolve import resolve_model
 
-    machine = _machine()
+    machine = describe_machine()
     bundled = resolve_model("bundled", CACHE).path
     models = {"bundled SmolLM2-135M": str(bundled),
               "Qwen1.5-0.5B shape": str(qwen_shape.build(CACHE / "qwen1.5-0.5b-shape", bundled))}

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks import qwen_shape
-from benchmarks.run import CACHE, _machine, save
+from benchmarks.harness import CACHE, describe_machine, save
 from benchmarks.stats import Summary, fmt
 from tests.e2e import start_app
 
@@ -43,7 +43,7 @@ def compile_ms(tokenizer_dir: str) -> dict:
     """The API's schema → grammar, the worker's one-off view of the tokenizer, and a grammar's compile."""
     from transformers import AutoTokenizer
 
-    from app.structured import JSON_LAYOUT
+    from app.shaping.structured import JSON_LAYOUT
     from llguidance import LLMatcher
     from workers.generation.grammar import Grammars, Vocabulary
 
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for name, model in (("bundled SmolLM2-135M", "bundled"), ("Qwen1.5-0.5B shape", str(shape))):
             rows[name] = measure(Path(tmp), model, args.repeats, args.max_tokens)
-    machine = {**_machine(), "load_average": [round(x, 1) for x in os.getloadavg()]}  # a shared machine says so
+    machine = {**describe_machine(), "load_average": [round(x, 1) for x in os.getloadavg()]}  # a shared machine says so
     save(machine, "structured", {"machine": machine, **rows}, markdown(machine, rows))
     return 0
 

@@ -14,7 +14,7 @@ line." is written on one line by the onnxruntime graph at the app's repetition p
 and as prose by fbgemm; this one is "1. Bananas\n2. Oranges\n3. Grapes" on every kernel and
 on the graph, with penalty 1.0 or 1.05, whole or prefilled in two pieces, on 1 or 2 threads.
 
-``EXAMPLE_ANSWERS``: the page's examples (``app.ui.EXAMPLES``) and a phrase of each one's greedy
+``EXAMPLE_ANSWERS``: the page's examples (``app.page.ui.EXAMPLES``) and a phrase of each one's greedy
 answer, which stops by itself in 7-80 tokens on the lean decoder (int8-ort, 1 thread) and on
 the graph (2 threads), with penalty 1.0 or 1.05 (measured). Tried and dropped for rambling to
 the token limit or for wrong answers: "What is the capital of France?", a haiku about a CPU

@@ -8,8 +8,9 @@ import threading
 import time
 
 from app.config import load_config
-from app.dispatcher import Dispatcher, DispatcherConfig
-from app.pool import ProcessPool
+from app.dispatch.dispatcher import Dispatcher
+from app.dispatch.requests import DispatcherConfig
+from app.pool.local import ProcessPool
 from workers.host.cores import plan_layout
 from workers.protocol import ChatMessage, Chunk, Done, EngineConfig, Failed, SamplingParams
 from workers.spec import EngineSpec
@@ -27,7 +28,7 @@ class Pool:
                  pool_factory=ProcessPool) -> None:
         """``engine``: what every worker loads (the app's lean decoder, mostly).
         ``layouts``: the workers (default: two single-core ones); ``kv_cache_bytes``: each one's
-        KV memory budget (default: the config's); ``pool_factory``: as ``app.backends`` makes it."""
+        KV memory budget (default: the config's); ``pool_factory``: as ``app.pool.backends`` makes it."""
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()

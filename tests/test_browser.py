@@ -24,8 +24,8 @@ import httpx
 import pytest
 from gradio_client import Client
 
-from app.edge import PAGE_POLICY
-from app.ui import EXAMPLES
+from app.edge.guards import PAGE_POLICY
+from app.page.ui import EXAMPLES
 from tests.asks import CAPITAL, EXAMPLE_ANSWERS, LONG
 from tests.e2e import ROOT, busy_worker_step_s, gradio_round_trip_s, running_app, wait_all_idle
 from workers.tuning.engine_choice import NAMES

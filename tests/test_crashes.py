@@ -9,9 +9,10 @@ import time
 
 import pytest
 
-from app.dispatcher import Queued, WorkerState
+from app.dispatch.policy import WorkerState
+from app.dispatch.requests import Queued
 from workers.spec import EngineSpec
-from app.pool import respawn_delay
+from app.pool.local import respawn_delay
 from tests.asks import CAPITAL, LONG
 from tests.pool import Pool, ask, wait_ready
 from workers.protocol import ChatMessage, Chunk, Done, ErrorCode, Failed, SamplingParams

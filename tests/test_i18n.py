@@ -7,8 +7,8 @@ import string
 
 import pytest
 
-from app.i18n import EN, MESSAGES_ZH, ZH, language, localize, text
-from app.validation import check_message
+from app.page.i18n import EN, MESSAGES_ZH, ZH, language, localize, text
+from app.edge.validation import check_message
 from workers.errors import InvalidInput, PromptTooLong
 from workers.generation.prompt import build_prompt
 from workers.protocol import ChatMessage
@@ -63,7 +63,7 @@ def test_numbers_fill_the_blanks():
 def test_the_place_in_line_in_each_language():
     from types import SimpleNamespace
 
-    from app.panel import WAITING_PREFIX, waiting_text
+    from app.page.panel import WAITING_PREFIX, waiting_text
 
     busy = SimpleNamespace(workers=[0, 1], ready_count=2)
     loading = SimpleNamespace(workers=[0, 1], ready_count=0)
@@ -73,7 +73,7 @@ def test_the_place_in_line_in_each_language():
 
 
 def test_the_memory_notices_of_the_worker_are_shown_in_chinese():
-    from app.i18n import localize
+    from app.page.i18n import localize
 
     waiting = "This worker's memory for conversations is full: your reply starts as soon as another one ends."
     refused = ("This reply would need 900 MB of KV cache memory (a 3000-token prompt and up to 2000 new tokens), "
@@ -86,7 +86,7 @@ def test_the_memory_notices_of_the_worker_are_shown_in_chinese():
 def fake_dispatcher(ready: int = 1):
     from types import SimpleNamespace
 
-    from app.dispatch_policy import WorkerState
+    from app.dispatch.policy import WorkerState
 
     workers = [SimpleNamespace(id=0, node="here", pid=12, cores=(0,), threads=1, active=0, slots=4, served=3,
                                restarts=0, private_weight_mb=130, current_tokens_per_s=None, tokens_per_s=33.2,
@@ -120,7 +120,7 @@ CJK = re.compile(r"[\u4e00-\u9fff]")
 @pytest.mark.parametrize("engine", [True, False])
 def test_every_line_of_the_workers_section_is_chinese_on_a_chinese_page(engine):
     """The engine and kernel lines are built from the choices' fields, not their English summaries."""
-    from app.panel import worker_panel
+    from app.page.panel import worker_panel
 
     startup, dispatcher = served_startup(engine), fake_dispatcher()
     lines = [line for line in worker_panel("zh", dispatcher, startup).splitlines() if line.strip("|- ")]
@@ -143,7 +143,7 @@ def test_every_line_of_the_workers_section_is_chinese_on_a_chinese_page(engine):
 
 
 def test_the_banner_is_one_line_that_says_what_serves_or_what_start_up_is_doing():
-    from app.panel import model_banner
+    from app.page.panel import model_banner
     from app.startup import Startup
 
     startup, ready, loading = served_startup(), fake_dispatcher(), fake_dispatcher(ready=0)

@@ -12,7 +12,7 @@ import os
 import random
 import signal
 
-from app.dispatch_policy import WorkerState
+from app.dispatch.policy import WorkerState
 from tests.e2e import wait_gone
 from tests.pool import Pool, wait_ready
 from workers.protocol import ChatMessage, Done, ErrorCode, Failed, SamplingParams

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.pool import respawn_delay
+from app.pool.local import respawn_delay
 from tests.asks import CAPITAL, LONG
 from tests.e2e import running_app, wait_gone
 

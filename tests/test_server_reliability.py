@@ -95,7 +95,7 @@ def test_invalid_utf8_bytes_are_refused_clearly(app):
 
 
 def test_an_oversized_body_is_refused_before_it_is_parsed(app):
-    from app.validation import MAX_REQUEST_BYTES
+    from app.edge.validation import MAX_REQUEST_BYTES
 
     body = json.dumps({"messages": [{"role": "user", "content": "x" * 30_000}] * 100}).encode()
     assert len(body) > MAX_REQUEST_BYTES

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from app.config import load_config
-from app.structured import json_grammar
+from app.shaping.structured import json_grammar
 from tests.asks import QUOTED
 from tests.generation import generate
 from tests.test_engine import make_engine

@@ -1,7 +1,7 @@
 """A worker that stops answering (here: SIGSTOP mid-reply) is noticed within the heartbeat
 timeout, its reply fails saying so, and it is replaced; an idle one, or one prefilling a
 prompt that takes longer than the timeout, is never taken for stopped, since its serve loop
-keeps sending heartbeats (``app.pool``'s watchdog).
+keeps sending heartbeats (``app.pool.local``'s watchdog).
 
 One real one-thread worker on the bundled model, behind the real dispatcher, with the pool
 the app builds from a config whose ``heartbeat_timeout_s`` is short."""
@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-from app.backends import pool_factory
+from app.pool.backends import pool_factory
 from app.config import load_config
-from app.dispatch_policy import WorkerState
+from app.dispatch.policy import WorkerState
 from tests.asks import CAPITAL, LONG
 from tests.e2e import wait_gone
 from tests.pool import Pool, ask, two_single_core_layouts, wait_ready

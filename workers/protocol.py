@@ -43,7 +43,7 @@ class SamplingParams:
     presence_penalty: float = 0.0  # OpenAI's: subtracted from the logit of every token already generated
     frequency_penalty: float = 0.0  # OpenAI's: subtracted once per time a token was generated
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit) pairs
-    grammar: str = ""  # what the reply must match (llguidance's grammar text: app.structured); "": anything
+    grammar: str = ""  # what the reply must match (llguidance's grammar text: app.shaping.structured); "": anything
 
     @property
     def greedy(self) -> bool:

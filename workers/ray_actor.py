@@ -1,7 +1,7 @@
 """The worker as a Ray actor: the same engine and request loop as the pipe worker, on a
 queue instead of a pipe.
 
-The actor is created with ``num_cpus`` equal to its threads (see ``app.ray_pool``). Its
+The actor is created with ``num_cpus`` equal to its threads (see ``app.pool.cluster``). Its
 constructor pins the whole process to the cores planned for it on its node and sets the
 thread budget before torch loads, then starts the serving thread and returns at once; the
 slow part (weights, warm-up) runs in that thread, and ``Ready`` arrives like any message.
@@ -12,7 +12,7 @@ slow part (weights, warm-up) runs in that thread, and ``Ready`` arrives like any
 ``serve_requests`` reads ``QueueConn`` exactly as it reads a pipe: blocking while idle,
 polling between decode steps, so a ``Cancel`` takes effect within one decode step. Its
 ``Heartbeat``s stay here: an actor has no watchdog (a dead one ends its message stream, which
-``app.ray_pool`` notices; a stopped one is not noticed), so they would only cross the network. The
+``app.pool.cluster`` notices; a stopped one is not noticed), so they would only cross the network. The
 actor is threaded (``max_concurrency``): ``send`` runs on a thread of its own while the
 engine steps, and ``messages`` is a streaming generator that hands over everything sent
 since its last yield. If loading fails the process exits, as a pipe worker would: the pool
@@ -112,7 +112,7 @@ def localize(spec: WorkerSpec, model: str, cache_dir: str) -> WorkerSpec:
 
 
 class WorkerActor:
-    """One worker; wrapped by ``ray.remote`` in ``app.ray_pool`` (Ray is imported there)."""
+    """One worker; wrapped by ``ray.remote`` in ``app.pool.cluster`` (Ray is imported there)."""
 
     def __init__(self, spec: WorkerSpec, model: str, cache_dir: str) -> None:
         cpus = pin_process(spec.layout.cpus, spec.layout.threads)

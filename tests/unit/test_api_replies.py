@@ -1,4 +1,4 @@
-"""What the API writes back (``app.api_replies`` ``sse`` and ``complete``) for given worker events: usage
+"""What the API writes back (``app.edge.replies`` ``sse`` and ``complete``) for given worker events: usage
 in a stream only when ``stream_options.include_usage`` asks, as OpenAI's; thinking under both
 ``reasoning`` and ``reasoning_content``; each token's ``bytes`` its own. (On the real server:
 ``tests/test_e2e.py``, ``tests/test_thinking.py``.)"""
@@ -6,7 +6,7 @@ in a stream only when ``stream_options.include_usage`` asks, as OpenAI's; thinki
 import asyncio
 import json
 
-from app.api_replies import complete, sse
+from app.edge.replies import complete, sse
 from workers.protocol import Chunk, Done, FinishReason, Metrics, TokenLogprob
 
 DONE = Done("r", FinishReason.STOP, Metrics(worker=0, prompt_tokens=7, completion_tokens=3))

@@ -1,4 +1,4 @@
-"""What a client may send (``app.api_schema``): no field of OpenAI's chat-completions request is
+"""What a client may send (``app.edge.schema``): no field of OpenAI's chat-completions request is
 ignored. Each is honoured, accepted as informational (it changes no reply), or refused with a
 400 that names it; a field nobody defines gets a 400 naming it, as OpenAI answers. Checked on
 the request model and through the real route and error handlers, in process: every request
@@ -12,9 +12,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.testclient import TestClient
 from openai.types.chat.completion_create_params import CompletionCreateParamsBase
 
-from app.api import build_router
-from app.api_errors import http_error, validation_error
-from app.api_schema import INFORMATIONAL, NOT_YET, ChatRequest, FieldError, decode_body
+from app.edge.api import build_router
+from app.edge.errors import http_error, validation_error
+from app.edge.schema import INFORMATIONAL, NOT_YET, ChatRequest, FieldError, decode_body
 from workers.protocol import SamplingParams
 
 ASK = [{"role": "user", "content": "hi"}]

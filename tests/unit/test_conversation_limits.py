@@ -1,8 +1,8 @@
-"""The page's limits on a message's company: system prompt, history count and size (``app.validation``)."""
+"""The page's limits on a message's company: system prompt, history count and size (``app.edge.validation``)."""
 
 import pytest
 
-from app.validation import MAX_MESSAGE_CHARS, MAX_MESSAGES, MAX_REQUEST_BYTES, check_conversation
+from app.edge.validation import MAX_MESSAGE_CHARS, MAX_MESSAGES, MAX_REQUEST_BYTES, check_conversation
 from workers.errors import InvalidInput
 
 

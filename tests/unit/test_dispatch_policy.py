@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from app.pool import WorkerProcess
-from app.dispatch_policy import WorkerHandle, WorkerState, pick_worker
+from app.pool.local import WorkerProcess
+from app.dispatch.policy import WorkerHandle, WorkerState, pick_worker
 from workers.host.cores import WorkerLayout
 
 

@@ -1,5 +1,5 @@
 """One caller cannot shut everyone else out: the per-caller caps (``caller_slots``,
-``caller_queue``) of ``app.dispatch_policy`` on callers given by hand, and of the real
+``caller_queue``) of ``app.dispatch.policy`` on callers given by hand, and of the real
 ``Dispatcher`` on a fake pool whose workers are told by hand to be ready and to finish."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ import contextlib
 
 import pytest
 
-from app.dispatch_policy import next_in_line, serving_order
-from app.dispatcher import Dispatcher, DispatcherConfig, Queued
-from app.pool import WorkerProcess
+from app.dispatch.policy import next_in_line, serving_order
+from app.dispatch.dispatcher import Dispatcher
+from app.dispatch.requests import DispatcherConfig, Queued
+from app.pool.local import WorkerProcess
 from workers.host.cores import WorkerLayout
 from workers.protocol import (ChatMessage, Done, EngineConfig, ErrorCode, Failed, FinishReason, Generate, Ready,
                               SamplingParams)

@@ -1,4 +1,4 @@
-"""Constrained decoding (``workers.generation.grammar``, grammars from ``app.structured``) on a
+"""Constrained decoding (``workers.generation.grammar``, grammars from ``app.shaping.structured``) on a
 byte-level tokenizer built here (GPT-2's byte table, as Qwen's and SmolLM2's): random logits
 under a schema's mask always give JSON that matches it, and the reply ends once the JSON is
 complete; a thinking model's thinking goes unconstrained; a schema that cannot be compiled is
@@ -14,8 +14,8 @@ import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from app.api_errors import FieldError
-from app.structured import ResponseFormat, response_grammar
+from app.edge.errors import FieldError
+from app.shaping.structured import ResponseFormat, response_grammar
 from workers.generation.detokenize import UNICODE_TO_BYTE
 from workers.generation.grammar import Grammars, Phase
 from workers.generation.processors import process, processors_for
@@ -173,7 +173,7 @@ def test_nested_objects_and_alternatives_are_closed_and_the_parts_of_an_all_of_a
 
 
 def test_a_tool_call_holds_only_the_arguments_its_function_names():
-    from app.tools import ToolDef, tool_grammar
+    from app.shaping.tools import ToolDef, tool_grammar
 
     tool = ToolDef.model_validate({"type": "function", "function": {"name": "weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}})
@@ -187,8 +187,8 @@ def test_a_tool_call_holds_only_the_arguments_its_function_names():
 @pytest.mark.parametrize("choice", ["required", "auto"])
 def test_random_logits_under_a_tool_grammar_give_calls_that_validate(tags_are_tokens, choice):
     """With the tags as text (SmolLM2) or as tokens of their own (Qwen2.5's added tokens)."""
-    from app.tool_calls import split_calls
-    from app.tools import ToolDef, tool_grammar
+    from app.shaping.tool_calls import split_calls
+    from app.shaping.tools import ToolDef, tool_grammar
 
     tokenizer = byte_tokenizer()
     if tags_are_tokens:

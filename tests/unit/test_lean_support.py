@@ -10,7 +10,8 @@ import logging
 import pytest
 
 from benchmarks.arch_shapes import tiny
-from workers.decoders.lean.model import ModelArgs, UnsupportedModel
+from workers.decoders.lean.args import ModelArgs
+from workers.errors import UnsupportedModel
 from workers.decoders.lean.weights import prepare
 
 

@@ -4,7 +4,7 @@ The real server's answers (401, 429, Retry-After) are ``tests/test_hostile_clien
 
 from __future__ import annotations
 
-from app.auth import BEARER, LoginThrottle
+from app.edge.auth import BEARER, LoginThrottle
 
 TUNNEL = "127.0.0.1"  # every share-link visitor
 

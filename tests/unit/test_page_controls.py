@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from app.i18n import localize
-from app.ui import control
-from app.validation import SAMPLING_RANGES, InvalidInput, check_number, check_params
+from app.page.i18n import localize
+from app.page.ui import control
+from app.edge.validation import SAMPLING_RANGES, InvalidInput, check_number, check_params
 from workers.protocol import SamplingParams
 
 RANGES = {"temperature": "from 0 to 2", "top_p": "from 0.01 to 1", "top_k": "from 0 to 1000",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.ui import ERROR_PREFIX, NOTICE_PREFIX, STATS_PREFIX, WAITING_PREFIX, history_to_messages
+from app.page.ui import ERROR_PREFIX, NOTICE_PREFIX, STATS_PREFIX, WAITING_PREFIX, history_to_messages
 from workers.protocol import ChatMessage
 
 

@@ -1,4 +1,4 @@
-"""``app.pool``'s own ways of failing a worker, on a real pipe to a real (tiny) process: a
+"""``app.pool.local``'s own ways of failing a worker, on a real pipe to a real (tiny) process: a
 ready worker silent past ``heartbeat_timeout_s`` is killed, one that beats is not, and its
 heartbeats never reach the dispatcher; a reader or writer thread that fails in any way
 kills the worker too. Each kill ends as any death does: ``on_exit``, with the reason."""
@@ -17,9 +17,9 @@ from types import SimpleNamespace
 import multiprocess
 import pytest
 
-from app.backends import pool_factory
+from app.pool.backends import pool_factory
 from app.config import ConfigError, load_config
-from app.pool import ProcessPool
+from app.pool.local import ProcessPool
 from tests.unit import tiny_worker
 from workers.host.cores import WorkerLayout
 from workers.protocol import Heartbeat, Ready
@@ -110,7 +110,7 @@ def test_a_message_its_reader_cannot_read_kills_the_worker_with_the_traceback_lo
         await tiny.pool.stop()
         return result, tiny
 
-    with caplog.at_level(logging.ERROR, logger="app.pool"):
+    with caplog.at_level(logging.ERROR, logger="app.pool.local"):
         (code, reason, _), tiny = asyncio.run(scenario())
     assert code == -signal.SIGKILL and "could not be read (UnpicklingError)" in reason
     [record] = [r for r in caplog.records if "reading its pipe failed" in r.getMessage()]
@@ -126,7 +126,7 @@ def test_a_message_its_writer_cannot_send_kills_the_worker(caplog):
         await tiny.pool.stop()
         return result
 
-    with caplog.at_level(logging.ERROR, logger="app.pool"):
+    with caplog.at_level(logging.ERROR, logger="app.pool.local"):
         code, reason, _ = asyncio.run(scenario())
     assert code == -signal.SIGKILL and "could not be sent a message" in reason
     assert any("sending generator failed" in r.getMessage() and r.exc_info for r in caplog.records)

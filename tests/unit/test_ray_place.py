@@ -1,12 +1,12 @@
 """Where the Ray backend puts its workers and which cores each one gets, on given nodes
-(``app.ray_place``, without Ray): where CPUs are left, each machine's own cores, never two
+(``app.pool.placement``, without Ray): where CPUs are left, each machine's own cores, never two
 workers on one core, and a cluster too small refused saying what it has."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.ray_place import RayNode, assign, place
+from app.pool.placement import RayNode, assign, place
 from workers.errors import LayoutError
 from workers.host.cores import WorkerLayout
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.ui import STATS_PREFIX, Reply, history_to_messages, images_back, inert_images
+from app.page.ui import STATS_PREFIX, Reply, history_to_messages, images_back, inert_images
 from workers.protocol import ChatMessage
 
 BEACON = "https://evil.example/beacon?d=the+conversation"

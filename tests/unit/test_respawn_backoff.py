@@ -1,11 +1,11 @@
-"""How long a dead worker waits before it is started again (``app.pool``): the wait doubles
+"""How long a dead worker waits before it is started again (``app.pool.local``): the wait doubles
 while it dies before it has loaded, up to a cap, and starts over once it had loaded."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from app.pool import count_death, respawn_delay
+from app.pool.local import count_death, respawn_delay
 
 
 def test_backoff_doubles_and_is_capped():

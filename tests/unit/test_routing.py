@@ -1,6 +1,6 @@
 """Conversation routing: a turn goes back to the worker that served the previous one, only within its scope."""
 
-from app.routing import Routes
+from app.dispatch.routing import Routes
 from workers.protocol import ChatMessage
 
 

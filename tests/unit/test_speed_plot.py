@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from app.dispatch_policy import WorkerSnapshot, WorkerState
-from app.speed_plot import SpeedHistory
+from app.dispatch.policy import WorkerSnapshot, WorkerState
+from app.page.speed_plot import SpeedHistory
 from workers.protocol import Done, Failed, FinishReason, Metrics
 
 

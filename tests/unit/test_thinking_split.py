@@ -1,11 +1,11 @@
-"""Qwen3's thinking split out of a reply as it streams (``app.thinking``): the same however
+"""Qwen3's thinking split out of a reply as it streams (``app.shaping.thinking``): the same however
 the reply is chunked, and a reply without thinking streams unchanged and at once."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.thinking import ThinkingSplit, split_thinking
+from app.shaping.thinking import ThinkingSplit, split_thinking
 
 REPLY = "<think>\nLet me see: 2 < 3 </th and <b>\n</think>\n\nIt is <think>-free now."
 

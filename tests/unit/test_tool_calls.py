@@ -1,4 +1,4 @@
-"""Tool calls read back out of a reply (``app.tool_calls``), whole and piece by piece as a
+"""Tool calls read back out of a reply (``app.shaping.tool_calls``), whole and piece by piece as a
 stream delivers them: text before the first call is content, every call is a ``Call`` with
 its arguments as JSON text, nothing of a call ever reaches content (also split at any
 character, also written bare, without its tags)."""
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from app.tool_calls import CallSplit, split_calls
+from app.shaping.tool_calls import CallSplit, split_calls
 
 NAMES = frozenset({"get_weather", "add"})
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'

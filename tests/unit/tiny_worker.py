@@ -1,4 +1,4 @@
-"""A worker process that loads nothing, for ``app.pool``'s own specs: it sends ``Ready``, then
+"""A worker process that loads nothing, for ``app.pool.local``'s own specs: it sends ``Ready``, then
 behaves as ``spec.mode`` says, and exits on the first message it is sent (``Shutdown``).
 
     "beating"  a Heartbeat every ``spec.beat_s``, as a healthy idle worker does

@@ -2,7 +2,7 @@
 
 A request that asks for JSON (``response_format``) or a tool call carries a grammar
 (``SamplingParams.grammar``: llguidance's grammar text, built by the API in
-``app.structured``). Its sequence gets a ``GrammarMask`` among its logits processors
+``app.shaping.structured``). Its sequence gets a ``GrammarMask`` among its logits processors
 (``workers.generation.processors``): before each draw the tokens the grammar forbids get a
 logit of -inf (a copy: the raw logits stay for ``logprobs``), after it the grammar consumes
 the token. Once the grammar is complete it allows only the end-of-turn tokens, so the reply
@@ -14,7 +14,7 @@ step, instead of trying each token. Its view of the tokenizer (an ``LLTokenizer`
 about a second to build for a 49k vocabulary, so ``Grammars`` builds it on the first
 constrained request of a worker, not at start, and compiles each distinct grammar once.
 
-A grammar's quoted tags (``"<tool_call>"``, from ``app.tools``) are matched as text; where the
+A grammar's quoted tags (``"<tool_call>"``, from ``app.shaping.tools``) are matched as text; where the
 tokenizer has such a tag as one token of its own (Qwen2.5's and Qwen3's ``<tool_call>``, an
 added token llguidance treats as special), ``Vocabulary.adapt`` rewrites them to that token
 (``<[id]>``), the token the model was trained to write; a lexeme that held the tag becomes a
@@ -41,7 +41,7 @@ from workers.errors import InvalidInput
 log = logging.getLogger(__name__)
 
 COMPILED_KEPT = 32  # distinct grammars a worker keeps compiled (a client repeats its schemas)
-TAGS = ("<tool_call>", "</tool_call>")  # written quoted by app.tools; a token of their own in some tokenizers
+TAGS = ("<tool_call>", "</tool_call>")  # written quoted by app.shaping.tools; a token of their own in some tokenizers
 
 
 class Phase(enum.Enum):

@@ -11,7 +11,7 @@ While generating, the loop reads the pipe between two decode steps without block
 request joins the batch, a ``Cancel`` ends its request before the next step (so Stop takes
 effect within one decode step), ``Shutdown`` ends the loop. Whenever the loop has sent
 nothing for ``HEARTBEAT_S`` (idle, or between two long steps) it sends a ``Heartbeat``: the
-pool kills a ready worker it hears nothing from for ``heartbeat_timeout_s`` (``app.pool``).
+pool kills a ready worker it hears nothing from for ``heartbeat_timeout_s`` (``app.pool.local``).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ speed, and served every later start on that. So every timing here is:
   ``/proc/stat`` counts it apart. A hog on the same cores shows in both (beside one busy loop
   per core: ~50% of the time waited, ~50% of the cores taken); an idle 2-core VM with 8-40%
   steal showed threads waiting at most ~1% of the time (11% while Gradio's queue still woke the
-  server 1,000 times a second: ``app.ui.quiet_when_idle``);
+  server 1,000 times a second: ``app.page.ui.quiet_when_idle``);
 - disturbed where other processes took over a quarter of the cores, or where most samples
   waited and the waits took over a fifth of the time: a steady trickle is the VM's, a few long
   waits are a competitor's slices, and the samples between them still count;

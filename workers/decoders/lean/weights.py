@@ -29,7 +29,8 @@ import torch
 
 from workers.decoders.lean.kernels import KERNELS, Kernel
 from workers.decoders.lean.linear import dtype_of, pack
-from workers.decoders.lean.model import ModelArgs, UnsupportedModel
+from workers.decoders.lean.args import ModelArgs
+from workers.errors import UnsupportedModel
 from workers.host.publish import publishing
 
 log = logging.getLogger(__name__)

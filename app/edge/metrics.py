@@ -25,9 +25,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 
-from app.auth import Login, caller_scope
-from app.dispatcher import Dispatcher
-from app.dispatch_policy import WorkerState
+from app.edge.auth import Login, caller_scope
+from app.dispatch.dispatcher import Dispatcher
+from app.dispatch.policy import WorkerState
 from workers.protocol import Done, ErrorCode, Failed
 
 PREFIX = "cpu_chat"

@@ -4,7 +4,7 @@ No field is ignored: each of OpenAI's chat-completions fields is honoured, accep
 informational (``INFORMATIONAL``: it changes no reply), or refused with a 400 that names it
 until it is built (``NOT_YET``); a field OpenAI does not have (nor this server as its own)
 gets a 400 naming it, as OpenAI answers. Out-of-range fields are refused with 422 by the
-request model (the limits are the ones in ``app.validation``); NaN or infinity a 400 naming
+request model (the limits are the ones in ``app.edge.validation``); NaN or infinity a 400 naming
 the field; a body over ``MAX_REQUEST_BYTES`` gets a 413 before it is parsed, and one that is
 not ``application/json`` a 415 before it is read: a web page may POST ``text/plain`` to
 127.0.0.1 from any site without the browser asking first, but not JSON. Every 400 about a
@@ -24,11 +24,11 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.requests import ClientDisconnect
 
-from app.api_errors import FieldError
-from app.structured import ResponseFormat, response_grammar
-from app.api_messages import MessageIn, chat_messages
-from app.tools import ToolChoice, ToolDef, offered, tool_grammar
-from app.validation import (
+from app.edge.errors import FieldError
+from app.shaping.structured import ResponseFormat, response_grammar
+from app.edge.messages import MessageIn, chat_messages
+from app.shaping.tools import ToolChoice, ToolDef, offered, tool_grammar
+from app.edge.validation import (
     LOGIT_BIAS_RANGE,
     MAX_LOGIT_BIAS,
     MAX_LOGPROBS,
@@ -115,8 +115,8 @@ class ChatRequest(BaseModel):
     enable_thinking: bool | None = Field(None, description="false: Qwen3 and similar answer without thinking")
     chat_template_kwargs: dict | None = Field(None, description="vLLM's spelling; enable_thinking only")
     response_format: ResponseFormat | None = Field(None, description="JSON the reply must be: json_object, "
-                                                                      "json_schema (app.structured)")
-    tools: list[ToolDef] | None = Field(None, description="functions the model may call (app.tools)")
+                                                                      "json_schema (app.shaping.structured)")
+    tools: list[ToolDef] | None = Field(None, description="functions the model may call (app.shaping.tools)")
     tool_choice: ToolChoice | None = Field(None, description="none, auto (the default with tools), required, "
                                                              "or one function by name")
     parallel_tool_calls: bool | None = Field(None, description="false: at most one call per reply")
@@ -191,8 +191,8 @@ class ChatRequest(BaseModel):
                                  param)
 
     def grammar(self) -> str:
-        """What the reply must match: its tools' calls (``app.tools``), or its response format
-        (``app.structured``). Compiling a schema takes a while: call it off the event loop."""
+        """What the reply must match: its tools' calls (``app.shaping.tools``), or its response format
+        (``app.shaping.structured``). Compiling a schema takes a while: call it off the event loop."""
         if tools := self.tools_offered():
             if self.response_format is not None and self.response_format.type != "text":
                 raise FieldError("A response_format cannot be combined with tools (field 'response_format').",
@@ -235,7 +235,7 @@ class ChatRequest(BaseModel):
         return value if isinstance(value, bool) else None
 
     def chat_messages(self) -> list[ChatMessage]:
-        """The conversation as the worker's chat template takes it (``app.api_messages``)."""
+        """The conversation as the worker's chat template takes it (``app.edge.messages``)."""
         return chat_messages(self.messages, self.tools_offered())
 
 

@@ -5,7 +5,7 @@ early — Stop, a closed tab — closes the dispatcher stream, which cancels the
 its worker. Each finished reply ends with a one-line stats footer, which is stripped
 again before the history is sent back to the model.
 
-A reasoning model's ``<think>…</think>`` is split out of the stream (``app.thinking``) and
+A reasoning model's ``<think>…</think>`` is split out of the stream (``app.shaping.thinking``) and
 shown as a separate message with Gradio's ``metadata`` title: a collapsible "Thinking"
 block above the answer, open with a spinner while the model thinks, closed once it is
 done (or marked stopped, on Stop). That message is never sent back into a prompt. The
@@ -22,7 +22,7 @@ model serves; while it is being prepared, which step is running, with a stage-le
 bar (see ``app.startup``); or the error that stopped it. The worker panel, the engine's
 figures and the speed plots are below, in a "Workers and speed" section closed by default:
 they are for whoever wants to look. Banner, panel and plots refresh every second. Everything
-the server writes is in the reader's language (``app.i18n``).
+the server writes is in the reader's language (``app.page.i18n``).
 
 The examples are prompts the bundled SmolLM2-135M answers well when greedy, on the lean
 decoder and the onnxruntime graph (checked by ``tests.test_browser``; "What is the capital
@@ -39,10 +39,11 @@ from collections.abc import AsyncIterator
 
 import gradio as gr
 
-from app import validation as limits
-from app.dispatcher import Dispatcher, Queued
-from app.i18n import localize, page_i18n, request_language, text
-from app.panel import (
+from app.edge import validation as limits
+from app.dispatch.dispatcher import Dispatcher
+from app.dispatch.requests import Queued
+from app.page.i18n import localize, page_i18n, request_language, text
+from app.page.panel import (
     ERROR_PREFIX,
     NOTICE_PREFIX,
     STATS_PREFIX,
@@ -52,10 +53,10 @@ from app.panel import (
     waiting_text,
     worker_panel,
 )
-from app.speed_plot import SpeedHistory
+from app.page.speed_plot import SpeedHistory
 from app.startup import Startup
-from app.thinking import ThinkingSplit
-from app.validation import InvalidInput, check_conversation, check_message, check_params, clean_text
+from app.shaping.thinking import ThinkingSplit
+from app.edge.validation import InvalidInput, check_conversation, check_message, check_params, clean_text
 from workers.protocol import (
     ChatMessage,
     Chunk,
@@ -106,7 +107,7 @@ def inert_images(markdown: str) -> str:
     """The model's text with its markdown images shown as what they are: ``![x](url)`` reads
     ``![x](url)`` on the page (its ``[`` escaped), so nothing is fetched and the reader sees
     where it pointed instead of a broken image. The page's Content-Security-Policy already
-    stops the browser fetching other sites' images (``app.edge``); this is for the reader, and
+    stops the browser fetching other sites' images (``app.edge.guards``); this is for the reader, and
     a second line for markdown images. HTML ``<img>`` is left to the policy. Code is left as it
     is: an image there is not rendered anyway."""
     return _IMAGE_OPEN.sub(lambda m: m["code"] or "!\\[", markdown) if "![" in markdown else markdown
@@ -182,7 +183,7 @@ class Reply:
 
 def control(*args, **kwargs) -> gr.Slider:
     """A sampling slider whose value reaches the chat function as the client sent it, to be
-    checked there (``app.validation.check_params``: the control's name and range, in the
+    checked there (``app.edge.validation.check_params``: the control's name and range, in the
     reader's language). Gradio's own check refuses a value out of range without saying which
     control, lets NaN through, and fails on a string with a TypeError about "index 5". (Not
     a subclass: Gradio writes a ``.pyi`` stub beside the module of any component class.)"""

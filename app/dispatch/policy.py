@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from app.pool import WorkerProcess
+from app.pool.local import WorkerProcess
 from workers.spec import WorkerSpec
 from workers.protocol import Done, Ready
 
@@ -64,7 +64,7 @@ class WorkerSnapshot:
 class WorkerHandle:
     """The dispatcher's view of one worker: its slots and what they hold."""
 
-    process: WorkerProcess  # the pool's (app.pool or app.ray_pool): pid, node, spec, restarts
+    process: WorkerProcess  # the pool's (app.pool.local or app.pool.cluster): pid, node, spec, restarts
     state: WorkerState = WorkerState.STARTING
     ready: Ready | None = None
     slots: int = 1  # requests generated at once (batched decode)

@@ -6,12 +6,12 @@
                      FIFO of waiters (bounded); a slot freed by Done/Failed goes to the first
                      (the first whose caller holds fewer than ``caller_slots``, if any waits)
 
-A conversation returns to the worker that holds its KV cache (``app.routing``). The line and
-the per-caller caps (``caller_slots``, ``caller_queue``) are ``app.fairness``'s books: the
+A conversation returns to the worker that holds its KV cache (``app.dispatch.routing``). The line and
+the per-caller caps (``caller_slots``, ``caller_queue``) are ``app.dispatch.fairness``'s books: the
 dispatcher tells it of every slot leased and freed, and asks it whom to serve next.
 
 All dispatcher state lives on the event loop thread; the workers themselves (processes,
-pipes, respawn) are ``app.pool``'s, which reports their messages and deaths on that thread.
+pipes, respawn) are ``app.pool.local``'s, which reports their messages and deaths on that thread.
 Each worker decodes up to ``max_batch`` requests together; a slot is held from ``Generate``
 until that request's ``Done``/``Failed`` arrives, also after a Stop: the lease follows what
 the worker is actually doing. A worker that dies fails its requests with a clear message.
@@ -35,30 +35,18 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from app.dispatch_policy import Progress, WorkerHandle, WorkerSnapshot, WorkerState, pick_worker
-from app.fairness import CallerLedger, Waiter
-from app.pool import ProcessPool
-from app.routing import Routes
-from workers.host.cores import WorkerLayout
+from app.dispatch.policy import Progress, WorkerHandle, WorkerSnapshot, WorkerState, pick_worker
+from app.dispatch.fairness import CallerLedger, Waiter
+from app.dispatch.requests import DispatcherConfig, Observer, Queued
+from app.pool.local import ProcessPool
+from app.dispatch.routing import Routes
 from workers.spec import EngineSpec, WorkerSpec
 from workers.protocol import ChatMessage, Chunk, Done, Failed, Notice, SamplingParams  # what a stream yields
-from workers.protocol import Cancel, EngineConfig, ErrorCode, FromWorker, Generate, Ready  # to and from workers
+from workers.protocol import Cancel, ErrorCode, FromWorker, Generate, Ready  # to and from workers
 
 log = logging.getLogger(__name__)
 
 GIVE_UP_AFTER_CRASHES = 2  # every worker crashed this often in a row, none ready: requests fail, not wait
-
-
-@dataclass(frozen=True)
-class Queued:
-    """Local event: the request is waiting; ``position`` 1 is next in line. It is the place in
-    ``serving_order``: how many waiters get a slot before it as things stand, plus one; it can
-    also grow (a newcomer whose caller holds fewer slots goes ahead) and is told again then."""
-
-    position: int
-
-
-Observer = Callable[[Done | Failed], None]  # gets each request's final event
 
 
 @dataclass(frozen=True)
@@ -69,22 +57,10 @@ class Lease:
     channel: asyncio.Queue
 
 
-@dataclass
-class DispatcherConfig:
-    layouts: list[WorkerLayout]
-    max_batch: int  # requests each worker decodes together
-    max_queue: int  # requests that may wait for a free slot
-    engine_config: EngineConfig
-    engine: EngineSpec | None = None  # None: given to ``start`` once the model is ready
-    log_level: int = logging.INFO
-    caller_slots: int = 0  # slots past which a caller's waiters let other callers' go first (0: no cap)
-    caller_queue: int = 0  # requests one caller may have waiting; the next is refused (0: no cap)
-
-
 class Dispatcher:
     def __init__(self, config: DispatcherConfig, observers: Sequence[Observer] = (),
                  pool_factory: Callable = ProcessPool) -> None:
-        """``pool_factory(layouts, on_message, on_exit, on_spawn)``: where workers run (``app.backends``)."""
+        """``pool_factory(layouts, on_message, on_exit, on_spawn)``: where workers run (``app.pool.backends``)."""
         self.config = config
         self.observers: list[Observer] = list(observers)
         self.pool = pool_factory(config.layouts, self._on_message, self._on_exit, self._on_spawn)
@@ -192,7 +168,7 @@ class Dispatcher:
     # leasing --------------------------------------------------------------------------
 
     def _hand_out(self) -> None:
-        """Give free slots to waiting requests, in the order ``app.fairness`` keeps."""
+        """Give free slots to waiting requests, in the order ``app.dispatch.fairness`` keeps."""
         served = False
         while (worker := pick_worker(self.workers, self._last)) is not None and \
                 (waiter := self._ledger.next_waiter()) is not None:

@@ -1,4 +1,4 @@
-"""The worker pool on Ray: the same calls as ``app.pool.ProcessPool``, each worker a Ray
+"""The worker pool on Ray: the same calls as ``app.pool.local.ProcessPool``, each worker a Ray
 actor (``workers.ray_actor``) on whichever machine of the cluster has room.
 
     pool = RayPool(layouts, on_message, on_exit, on_spawn, RaySettings("auto", model, cache_dir))
@@ -28,8 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from app.pool import SHUTDOWN_GRACE_S, call_soon, count_death, respawn_delay
-from app.ray_place import RayNode, place
+from app.pool.local import SHUTDOWN_GRACE_S, call_soon, count_death, respawn_delay
+from app.pool.placement import RayNode, place
 from workers.host.cores import WorkerLayout, physical_cores
 from workers.errors import ConfigError
 from workers.spec import WorkerSpec
@@ -65,7 +65,7 @@ class RayWorker:
     started_at: float = 0.0
     loaded: bool = False  # it sent Ready since its last start
     restarts: int = 0
-    crashes_in_a_row: int = 0  # deaths before Ready (app.pool.respawn_delay)
+    crashes_in_a_row: int = 0  # deaths before Ready (app.pool.local.respawn_delay)
 
     @property
     def id(self) -> int:

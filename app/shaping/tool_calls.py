@@ -1,4 +1,4 @@
-"""Tool calls read back out of a reply's text (written as ``app.tools`` asked), whole or as it
+"""Tool calls read back out of a reply's text (written as ``app.shaping.tools`` asked), whole or as it
 streams: the text before the first ``<tool_call>`` is the reply's ``content``, each call an
 entry of ``tool_calls`` with an ``id`` of its own and its arguments as a JSON string, as
 OpenAI's API returns them.
@@ -15,7 +15,7 @@ import json
 import uuid
 from dataclasses import dataclass, field
 
-from app.tools import CLOSE, OPEN
+from app.shaping.tools import CLOSE, OPEN
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ it, so that one caller cannot shut everyone else out.
 Who asks (``caller``: an API user or client address, a browser session) is counted apart from
 ``scope`` (whose kept conversations a request may reuse). A caller holding ``caller_slots``
 slots still queues, but its waiters let other callers' go first (the pure policy is
-``app.dispatch_policy.next_in_line``/``serving_order``; with nobody else waiting it is served
+``app.dispatch.policy.next_in_line``/``serving_order``; with nobody else waiting it is served
 at once, so one caller alone is not slowed), and a caller with ``caller_queue`` requests
 waiting is refused the next (``ErrorCode.TOO_MANY``: the API's 429). The caller ``""``
 (warm-up, internal calls) is under no cap.
@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from app.dispatch_policy import next_in_line, serving_order
+from app.dispatch.policy import next_in_line, serving_order
 from workers.protocol import ErrorCode, Failed
 
 

@@ -14,7 +14,7 @@ import h11
 from fastapi.responses import JSONResponse
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from app.api_errors import openai_error
+from app.edge.errors import openai_error
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")  # --host values that serve this machine only
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "[::1]"})  # Host header names (port aside) they answer

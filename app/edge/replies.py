@@ -5,7 +5,7 @@ Each reply is a stream of worker events (``Chunk``, ``Notice``, ``Done``, ``Fail
 dispatcher; with ``n`` > 1 the streams run at once and their chunks interleave, each carrying
 its choice's ``index``. Per choice, the text is split into thinking (``reasoning`` and
 ``reasoning_content``, the names clients read) and answer, and the answer into content and
-tool calls (``app.tool_calls``): a call goes out as ``delta.tool_calls`` once it is complete
+tool calls (``app.shaping.tool_calls``): a call goes out as ``delta.tool_calls`` once it is complete
 (its index, id and name, then its arguments, as the SDK's accumulator reads them), never as
 content. ``usage`` counts the prompt once, as OpenAI's does for ``n``; in a stream it comes
 only when ``stream_options.include_usage`` asks, in a last chunk with no choices.
@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from fastapi import HTTPException
 from fastapi.responses import JSONResponse
 
-from app.api_errors import refusal
-from app.dispatcher import Queued
-from app.thinking import ThinkingSplit, split_thinking
-from app.tool_calls import Call, CallSplit, split_calls
+from app.edge.errors import refusal
+from app.dispatch.requests import Queued
+from app.shaping.thinking import ThinkingSplit, split_thinking
+from app.shaping.tool_calls import Call, CallSplit, split_calls
 from workers.protocol import Chunk, Done, Failed, FinishReason, Notice, TokenLogprob
 
 _END = object()  # a stream's end, in ``merged``

@@ -18,7 +18,7 @@ template has no tool format (the bundled SmolLM2, Qwen1.5) is told the same, in 
   name one of the tools and its arguments must match that tool's parameters;
 - ``parallel_tool_calls: false``: at most one call (else up to ``MAX_CALLS``).
 
-``app.tool_calls`` reads the calls back out of the reply.
+``app.shaping.tool_calls`` reads the calls back out of the reply.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.api_errors import FieldError
-from app.structured import JSON_LAYOUT, closed_objects, json_grammar
+from app.edge.errors import FieldError
+from app.shaping.structured import JSON_LAYOUT, closed_objects, json_grammar
 from workers.protocol import ChatMessage
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"

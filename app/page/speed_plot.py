@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from app.dispatch_policy import WorkerSnapshot
+from app.dispatch.policy import WorkerSnapshot
 from workers.protocol import Done, Failed
 
 TPS_COLUMNS = ["time", "worker", "tokens/s"]

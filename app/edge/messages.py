@@ -3,7 +3,7 @@
 A message is what OpenAI's API takes (and what its SDK's reply objects hold, when a client
 sends them back as history); the conversation is plain ``ChatMessage`` turns for the model's
 chat template: earlier tool calls written into their assistant turns, tool results joined into
-a user turn, the tools offered described in the system turn (``app.tools``).
+a user turn, the tools offered described in the system turn (``app.shaping.tools``).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from app.api_errors import FieldError
-from app.tools import ToolCallIn, ToolDef, tool_results, with_tools, written_calls
-from app.validation import MAX_MESSAGE_CHARS, InvalidInput, check_message, clean_text
+from app.edge.errors import FieldError
+from app.shaping.tools import ToolCallIn, ToolDef, tool_results, with_tools, written_calls
+from app.edge.validation import MAX_MESSAGE_CHARS, InvalidInput, check_message, clean_text
 from workers.protocol import ChatMessage
 
 
@@ -32,7 +32,7 @@ class MessageIn(BaseModel):
     annotations: list | None = None
     reasoning_content: str | None = Field(None, description="accepted; thinking never goes back into the prompt")
     reasoning: str | None = Field(None, description="accepted; thinking never goes back into the prompt")
-    tool_calls: list[ToolCallIn] | None = Field(None, description="an assistant's earlier calls (app.tools)")
+    tool_calls: list[ToolCallIn] | None = Field(None, description="an assistant's earlier calls (app.shaping.tools)")
     function_call: object = None
     audio: object = None
     tool_call_id: str | None = Field(None, max_length=128, description="a tool result: the call it answers")
@@ -58,7 +58,7 @@ class MessageIn(BaseModel):
 def chat_messages(messages: list[MessageIn], tools: list[ToolDef]) -> list[ChatMessage]:
     """The conversation as the worker's chat template takes it: earlier tool calls written
     into their assistant turns, tool results as a user turn, the tools offered described in
-    the system turn (``app.tools``)."""
+    the system turn (``app.shaping.tools``)."""
     if messages[-1].role not in ("user", "tool"):
         raise InvalidInput("The last message must be the user's (or a tool's result).")
     chat, results, called = [], [], set()

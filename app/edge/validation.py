@@ -53,7 +53,7 @@ def check_message(text: str) -> str:
 
 
 def check_conversation(system_prompt: str, history: list) -> None:
-    """The page's limits on what comes with a message, the API's own (``app.api_schema``): the
+    """The page's limits on what comes with a message, the API's own (``app.edge.schema``): the
     system prompt and each earlier message at most ``MAX_MESSAGE_CHARS``, at most
     ``MAX_MESSAGES`` of them, and ``MAX_REQUEST_BYTES`` characters in all. Gradio caps no body,
     and a crafted page request can carry any history: without these a stranger's megabytes were
@@ -116,5 +116,5 @@ def _shown(value) -> str:
 def check_params(params: SamplingParams) -> SamplingParams:
     """The page's sampling fields as its client sent them, checked by ``check_number``. The
     sliders keep a browser's values in range; a crafted request (gradio_client sends anything)
-    reaches this unchecked (``app.ui.control``)."""
+    reaches this unchecked (``app.page.ui.control``)."""
     return dataclasses.replace(params, **{name: check_number(name, getattr(params, name)) for name in SAMPLING_RANGES})

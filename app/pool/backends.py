@@ -3,8 +3,8 @@ asks which backend it is.
 
     Dispatcher(dispatcher_config, pool_factory=pool_factory(app_config))
 
-``local`` (the default): ``app.pool.ProcessPool``, one pipe per worker process on this
-machine, with its ``heartbeat_timeout_s`` watchdog. ``ray``: ``app.ray_pool.RayPool``, one Ray
+``local`` (the default): ``app.pool.local.ProcessPool``, one pipe per worker process on this
+machine, with its ``heartbeat_timeout_s`` watchdog. ``ray``: ``app.pool.cluster.RayPool``, one Ray
 actor per worker across a cluster (no watchdog); imported only when asked for, so the app runs
 without Ray installed.
 """
@@ -15,13 +15,13 @@ import functools
 from collections.abc import Callable
 
 from app.config import AppConfig
-from app.pool import ProcessPool
+from app.pool.local import ProcessPool
 
 
 def pool_factory(config: AppConfig) -> Callable:
     if config.backend == "local":
         return functools.partial(ProcessPool, heartbeat_timeout_s=config.heartbeat_timeout_s)
-    from app.ray_pool import RayPool, RaySettings
+    from app.pool.cluster import RayPool, RaySettings
 
     threads = None if config.threads_per_worker == "auto" else config.threads_per_worker
     settings = RaySettings(config.ray_address, config.model, config.cache_dir, threads, config.oversubscribe)

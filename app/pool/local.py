@@ -2,8 +2,8 @@
 
 This is the seam between the dispatcher and where workers run. The dispatcher starts the
 pool, sends ``workers.protocol`` messages to one worker by id, and hears back through two
-callbacks, always on the event loop thread; ``app.ray_pool.RayPool`` (Ray actors on other
-machines) implements the same calls, and ``app.backends`` picks one:
+callbacks, always on the event loop thread; ``app.pool.cluster.RayPool`` (Ray actors on other
+machines) implements the same calls, and ``app.pool.backends`` picks one:
 
     pool = ProcessPool(layouts, on_message=..., on_exit=..., on_spawn=..., heartbeat_timeout_s=30)
     pool.start(loop, specs)          # spawn every worker (specs: worker id -> WorkerSpec)

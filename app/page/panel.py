@@ -1,4 +1,4 @@
-"""What the server writes on the page, in the reader's language (see ``app.i18n``): the
+"""What the server writes on the page, in the reader's language (see ``app.page.i18n``): the
 one-line banner above the chat, the "Workers and speed" section below it, the place in line
 and the stats footer.
 
@@ -8,15 +8,15 @@ the section with the details is closed by default. Every line of that section is
 here from fields, not from the English ``summary()`` of the kernel and engine choices, so a
 Chinese page shows no English line.
 
-None of it is the model's words: the page marks each with a prefix that ``app.ui.model_words``
+None of it is the model's words: the page marks each with a prefix that ``app.page.ui.model_words``
 strips again before a history goes back into a prompt.
 """
 
 from __future__ import annotations
 
-from app.dispatch_policy import WorkerState
-from app.dispatcher import Dispatcher
-from app.i18n import has_text, localize, text
+from app.dispatch.policy import WorkerState
+from app.dispatch.dispatcher import Dispatcher
+from app.page.i18n import has_text, localize, text
 from app.startup import Startup, StartupState, progress_bar
 from workers.protocol import Done, FinishReason
 from workers.tuning.engine_choice import EngineChoice, EngineTiming

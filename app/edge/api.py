@@ -6,17 +6,17 @@
                                 start-up stage or error, each worker's pid, cores, threads, state
     GET  /docs, /openapi.json   the API's documentation (with --auth: to a logged-in caller)
 
-What a client may send is ``app.api_schema``'s (also the OpenAPI document's request body,
+What a client may send is ``app.edge.schema``'s (also the OpenAPI document's request body,
 so ``/docs`` shows it); a message the model cannot take gets 400;
 a busy server 503 with Retry-After; a caller with ``caller_queue`` requests already waiting
-429 with Retry-After. A request's scope (``app.auth.caller_scope``) decides whose kept
+429 with Retry-After. A request's scope (``app.edge.auth.caller_scope``) decides whose kept
 conversations it may reuse, and is the caller the per-caller caps count. The plain response
 carries ``usage``; a stream ends with a chunk of ``usage`` (and no choices) only when
 ``stream_options.include_usage`` asks for it, as OpenAI's does. Both carry a ``metrics``
 object (worker, prompt/completion tokens, TTFT, decode tokens/s; in a stream, on the chunk
 with the ``finish_reason``), and ``logprobs`` when asked for, each token with its own bytes.
 
-What it writes back, whole or streamed, for ``n`` choices: ``app.api_replies``.
+What it writes back, whole or streamed, for ``n`` choices: ``app.edge.replies``.
 A reasoning model's ``<think>…</think>`` comes back as ``reasoning`` and as
 ``reasoning_content`` (in the message, or in the stream's deltas: vLLM renamed the second to
 the first, and clients read either), apart from ``content``, as Qwen3's OpenAI-compatible
@@ -36,13 +36,13 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 
-from app.api_errors import FieldError, openai_error, refusal
-from app.api_schema import parse_body, request_schema
-from app.auth import Login, caller_scope
-from app.api_replies import complete, sse
-from app.dispatcher import Dispatcher
+from app.edge.errors import FieldError, openai_error, refusal
+from app.edge.schema import parse_body, request_schema
+from app.edge.auth import Login, caller_scope
+from app.edge.replies import complete, sse
+from app.dispatch.dispatcher import Dispatcher
 from app.startup import Startup
-from app.validation import InvalidInput
+from app.edge.validation import InvalidInput
 from workers.protocol import Failed, SamplingParams
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
 
