@@ -18,8 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks import qwen_shape
-from benchmarks.harness import CACHE, ROOT, describe_machine, save
+from benchmarks.harness import CACHE, ROOT, describe_machine, qwen_shape_dir, save
 from benchmarks.run import BASELINE
 from benchmarks.stats import Summary
 
@@ -40,9 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default="ab")
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
-    from workers.loading.resolve import resolve_model
 
-    qwen = str(qwen_shape.build(CACHE / "qwen1.5-0.5b-shape", resolve_model("bundled", CACHE).path))
+    qwen = qwen_shape_dir()
     common = {"model": qwen, "repeats": 3, "cache_dir": str(CACHE)}
     trees = {"before": args.other.resolve(), "after": ROOT}
     runs: dict[str, list[dict]] = {BASELINE: [], "before": [], "after": []}

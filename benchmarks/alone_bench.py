@@ -14,7 +14,7 @@ import json
 import time
 
 from benchmarks import qwen_shape
-from benchmarks.harness import CACHE, describe_machine, entry, run_module, save
+from benchmarks.harness import CACHE, bundled_dir, describe_machine, entry, run_module, save
 from benchmarks.stats import fmt, summarize_keys
 
 PROMPT_TOKENS = 3500
@@ -52,10 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args(argv)
-    from workers.loading.resolve import resolve_model
 
     machine = describe_machine()
-    bundled = resolve_model("bundled", CACHE).path
+    bundled = bundled_dir()
     models = {"bundled SmolLM2-135M, 1 thread": (str(bundled), 1),
               "Qwen1.5-0.5B shape, 2 threads": (str(qwen_shape.build(CACHE / "qwen1.5-0.5b-shape", bundled)), 2)}
     results = {}

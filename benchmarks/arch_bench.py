@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from benchmarks import arch_shapes
-from benchmarks.harness import CACHE, ROOT, describe_machine, save
+from benchmarks.harness import CACHE, ROOT, bundled_dir, describe_machine, save
 from benchmarks.stats import Summary
 
 PROMPT_TOKENS = 64
@@ -127,9 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure(json.loads(args.one)) if args.one else check_logits(json.loads(args.check))))
         return 0
     machine = describe_machine()
-    from workers.loading.resolve import resolve_model
 
-    tokenizer = resolve_model("bundled", CACHE).path
+    tokenizer = bundled_dir()
     results: dict = {"machine": machine, "started": time.ctime(), "threads": THREADS,
                      "prompt_tokens": PROMPT_TOKENS, "decode_tokens": DECODE_TOKENS, "models": {}}
     for name in args.models:

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from benchmarks import qwen_shape
-from benchmarks.harness import CACHE, describe_machine, entry, run_module, save
+from benchmarks.harness import CACHE, bundled_dir, describe_machine, entry, run_module, save
 from benchmarks.stats import Summary
 
 BLOCKS = (32, 64, 128)
@@ -65,14 +65,13 @@ def measure(spec: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from workers.loading.resolve import resolve_model
 
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--quantize", choices=("int8", "int4"), default="int8")
     args = p.parse_args(argv)
     machine = describe_machine()
-    bundled = resolve_model("bundled", CACHE).path
+    bundled = bundled_dir()
     models = {"bundled SmolLM2-135M (real weights)": (str(bundled), True),
               "Qwen1.5-0.5B shape (random weights)": (str(qwen_shape.build(CACHE / "qwen1.5-0.5b-shape", bundled)),
                                                       False)}

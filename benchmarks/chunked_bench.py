@@ -17,8 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from benchmarks import qwen_shape
-from benchmarks.harness import CACHE, describe_machine, entry, run_module, save
+from benchmarks.harness import CACHE, describe_machine, entry, qwen_shape_dir, run_module, save
 from benchmarks.stats import fmt, summarize_keys
 
 ENGINES = {"the app's default: engine measured here": "auto", "lean, measured kernel (--engine lean)": "lean"}
@@ -47,10 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args(argv)
-    from workers.loading.resolve import resolve_model
 
     machine = describe_machine()
-    qwen = str(qwen_shape.build(CACHE / "qwen1.5-0.5b-shape", resolve_model("bundled", CACHE).path))
+    qwen = qwen_shape_dir()
     results = {}
     for label, engine in ENGINES.items():
         print(f"chunked prefill: {label} ...", flush=True)

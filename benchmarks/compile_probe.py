@@ -39,12 +39,11 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(2)
-    from benchmarks import qwen_shape
-    from workers.loading.resolve import resolve_model
+    from benchmarks.harness import qwen_shape_dir
     from workers.decoders.lean.model import Transformer
     from workers.decoders.lean.weights import map_prepared, prepare
 
-    model = str(qwen_shape.build(CACHE / "qwen1.5-0.5b-shape", resolve_model("bundled", CACHE).path))
+    model = qwen_shape_dir()
     args, kernel, tensors = map_prepared(prepare(model, "int8pack-bf16", CACHE))
     decoder = Transformer(args, tensors, kernel)
     eager = [decode_tok_s(decoder, decoder.forward_batch) for _ in range(3)]

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks import qwen_shape, serve_bench
-from benchmarks.harness import CACHE, describe_machine, save
+from benchmarks import serve_bench
+from benchmarks.harness import describe_machine, qwen_shape_dir, save
 from benchmarks.stats import Summary, fmt
 from tests.e2e import start_app
 
@@ -59,9 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2)
     args = p.parse_args(argv)
     machine = describe_machine()
-    from workers.loading.resolve import resolve_model
 
-    qwen = str(qwen_shape.build(CACHE / "qwen1.5-0.5b-shape", resolve_model("bundled", CACHE).path))
+    qwen = qwen_shape_dir()
     raw: dict[str, list[dict]] = {name: [] for name in ENGINES}
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.rounds):  # alternating, so a busy moment does not land on one engine only

@@ -67,3 +67,23 @@ def stop_process(process: subprocess.Popen, grace_s: float = 30) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def bundled_dir() -> str:
+    """The bundled SmolLM2's converted checkpoint (converted once into ``CACHE``)."""
+    from workers.loading.resolve import resolve_model
+
+    return str(resolve_model("bundled", CACHE).path)
+
+
+def qwen_shape_dir() -> str:
+    """The Qwen1.5-0.5B shape with random weights (built once into ``CACHE``, the bundled tokenizer)."""
+    from benchmarks import qwen_shape
+
+    return str(qwen_shape.build(CACHE / "qwen1.5-0.5b-shape", bundled_dir()))
+
+
+def app_default(model: str, **more) -> dict:
+    """A measurement's spec for the app's own choices on this machine's two threads (engine and
+    kernels measured, as ``auto`` serves), on ``model``, with ``more`` for that benchmark."""
+    return {"engine": "auto", "kernel": "auto", "threads": 2, "model": model, "cache_dir": str(CACHE), **more}

@@ -26,7 +26,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from benchmarks.harness import CACHE, describe_machine, entry, run_module, save
+from benchmarks.harness import CACHE, bundled_dir, describe_machine, entry, run_module, save
 from benchmarks.stats import Summary
 from workers.decoders.ort.graph import weights
 from workers.tuning import perplexity
@@ -107,10 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--llama", action="store_true", help="llama.cpp's perplexity on the same text and model as "
                    "GGUF (builds llama.cpp once, as benchmarks.llama_anchor does)")
     args = p.parse_args(argv)
-    from workers.loading.resolve import resolve_model
 
     machine = describe_machine()
-    spec = {"threads": 2, "model": str(resolve_model("bundled", CACHE).path), "cache_dir": str(CACHE),
+    spec = {"threads": 2, "model": bundled_dir(), "cache_dir": str(CACHE),
             "rounds": args.rounds}
     result = run_module("benchmarks.int4_bench", "--one", json.dumps(spec))
     base = result["graphs"]["int8"]

@@ -24,7 +24,7 @@ import sys
 import time
 
 from benchmarks import qwen_shape
-from benchmarks.harness import CACHE, ROOT, describe_machine, save
+from benchmarks.harness import CACHE, ROOT, bundled_dir, describe_machine, save
 from benchmarks.stats import Summary
 
 GROUPS = {  # name: (model, engine, kernel, cache dtypes: the engine's own first)
@@ -122,9 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         model, engine, kernel, kvs = json.loads(args.group)
         print(json.dumps(run_group(model, engine, kernel, kvs, contexts, args.rounds, args.steps)))
         return 0
-    from workers.loading.resolve import resolve_model
 
-    bundled = resolve_model("bundled", CACHE).path
+    bundled = bundled_dir()
     models = {"qwen": str(qwen_shape.build(CACHE / "qwen1.5-0.5b-shape", bundled)), "bundled": bundled}
     results = {"machine": describe_machine(), "started": time.ctime(), "threads": THREADS, "rounds": args.rounds,
                "steps": args.steps, "contexts": contexts, "groups": []}

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import time
 
-from benchmarks.harness import CACHE, describe_machine, entry, run_module, save
+from benchmarks.harness import app_default, bundled_dir, describe_machine, entry, run_module, save
 from benchmarks.stats import Summary
 
 TOKENS = 48
@@ -94,11 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--rounds", type=int, default=2)
     args = p.parse_args(argv)
-    from workers.loading.resolve import resolve_model
 
     machine = describe_machine()
-    spec = {"engine": "auto", "kernel": "auto", "threads": 2, "model": str(resolve_model("bundled", CACHE).path),
-            "cache_dir": str(CACHE), "rounds": args.rounds}
+    spec = app_default(bundled_dir(), rounds=args.rounds)
     result = run_module("benchmarks.reproducible_bench", "--one", json.dumps(spec))
     modes = result["modes"]
     base_tok_s, base_ttft = Summary.of(modes["default"]["tok_s"]), Summary.of(modes["default"]["next_turn_ttft_ms"])

@@ -20,8 +20,7 @@ import argparse
 import json
 import time
 
-from benchmarks import qwen_shape
-from benchmarks.harness import CACHE, describe_machine, entry, run_module, save
+from benchmarks.harness import app_default, describe_machine, entry, qwen_shape_dir, run_module, save
 from benchmarks.stats import fmt, summarize_keys
 
 WAYS = ("moved out (before)", "left in place (now)")
@@ -113,12 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args(argv)
-    from workers.loading.resolve import resolve_model
 
     machine = describe_machine()
-    qwen = str(qwen_shape.build(CACHE / "qwen1.5-0.5b-shape", resolve_model("bundled", CACHE).path))
-    spec = {"engine": "auto", "kernel": "auto", "threads": 2, "model": qwen, "cache_dir": str(CACHE),
-            "rounds": args.rounds}
+    qwen = qwen_shape_dir()
+    spec = app_default(qwen, rounds=args.rounds)
     result = run_module("benchmarks.seat_bench", "--one", json.dumps(spec))
     lines = [f"CPU: {machine['cpus']} ({machine['cores']} cores), flags {' '.join(machine['flags'])}. "
              f"Qwen1.5-0.5B shape, the app's engine, 2 threads; median (min–max) of {args.rounds} rounds, the two "

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from benchmarks import qwen_shape
 from benchmarks.llama import measure as anchor
-from benchmarks.harness import CACHE, ROOT, describe_machine, save
+from benchmarks.harness import CACHE, ROOT, bundled_dir, describe_machine, save
 from benchmarks.stats import fmt
 from tests.e2e import start_app
 
@@ -49,10 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--models", choices=("both", "bundled", "qwen"), default="both")
     args = p.parse_args(argv)
-    from workers.loading.resolve import resolve_model
 
     trees = {"before": args.other.resolve(), "after": ROOT}
-    bundled = resolve_model("bundled", CACHE).path
+    bundled = bundled_dir()
     models = {"bundled SmolLM2-135M": (bundled, False),
               "Qwen1.5-0.5B shape": (str(qwen_shape.build(CACHE / "qwen1.5-0.5b-shape", bundled)), True)}
     if args.models != "both":

@@ -26,7 +26,7 @@ import statistics
 import textwrap
 import time
 
-from benchmarks.harness import CACHE, describe_machine, entry, run_module, save
+from benchmarks.harness import app_default, bundled_dir, describe_machine, entry, run_module, save
 from benchmarks.stats import Summary
 
 TOKENS = 200  # new tokens a reply may have
@@ -143,11 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--rounds", type=int, default=4)
     args = p.parse_args(argv)
-    from workers.loading.resolve import resolve_model
 
     machine = describe_machine()
-    spec = {"engine": "auto", "kernel": "auto", "threads": 2, "model": str(resolve_model("bundled", CACHE).path),
-            "cache_dir": str(CACHE), "rounds": args.rounds}
+    spec = app_default(bundled_dir(), rounds=args.rounds)
     result = run_module("benchmarks.speculation_bench", "--one", json.dumps(spec))
     result["summary"] = summary(result["runs"])
     lines = [f"CPU: {machine['cpus']} ({machine['cores']} cores), flags {' '.join(machine['flags'])}. "

@@ -25,7 +25,7 @@ import json
 import time
 
 from benchmarks import qwen_shape
-from benchmarks.harness import CACHE, describe_machine, entry, run_module, save
+from benchmarks.harness import CACHE, app_default, bundled_dir, describe_machine, entry, run_module, save
 from benchmarks.stats import Summary, fmt, summarize_keys
 
 WAYS = ("onnxruntime's default, ~40 ms (before)", "2 ms at most (now)")
@@ -77,17 +77,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args(argv)
-    from workers.loading.resolve import resolve_model
 
     machine = describe_machine()
-    bundled = resolve_model("bundled", CACHE).path
+    bundled = bundled_dir()
     models = {"Qwen1.5-0.5B shape": (str(qwen_shape.build(CACHE / "qwen1.5-0.5b-shape", bundled)), True),
               "bundled SmolLM2-135M": (bundled, False)}
     results = {}
     for label, (model, chunked) in models.items():
         print(f"spin: {label} ...", flush=True)
-        spec = {"engine": "auto", "kernel": "auto", "threads": 2, "model": model, "cache_dir": str(CACHE),
-                "rounds": args.rounds, "chunked": chunked}
+        spec = app_default(model, rounds=args.rounds, chunked=chunked)
         results[label] = run_module("benchmarks.spin_bench", "--one", json.dumps(spec))
     lines = [f"CPU: {machine['cpus']} ({machine['cores']} cores), flags {' '.join(machine['flags'])}. "
              f"The app's engine, 2 threads; median (min–max) of {args.rounds} rounds, the two ways alternating in "

@@ -21,10 +21,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from benchmarks import qwen_shape
-from benchmarks.harness import CACHE, ROOT, describe_machine, save, stop_process
+from benchmarks.harness import ROOT, describe_machine, qwen_shape_dir, save, stop_process
 from benchmarks.stats import Summary
-from workers.loading.resolve import resolve_model
 
 MEASURED = re.compile(r"Measuring |too busy to (measure|time)")
 READY_TIMEOUT_S = 900
@@ -93,7 +91,7 @@ def main() -> int:
     parser.add_argument("--warm", type=int, default=3, help="warm starts after the first")
     parser.add_argument("--model", help="default: the Qwen1.5-0.5B shape")
     args = parser.parse_args()
-    model = args.model or str(qwen_shape.build(CACHE / "qwen1.5-0.5b-shape", resolve_model("bundled", CACHE).path))
+    model = args.model or qwen_shape_dir()
     logs = Path(tempfile.mkdtemp(prefix="startup-logs-"))
     checkouts = [(label, c.resolve()) for label, c in zip(args.label or [c.name for c in args.checkout],
                                                           args.checkout, strict=True)] + [("this checkout", ROOT)]

@@ -19,7 +19,7 @@ import statistics
 import time
 
 from benchmarks import qwen_shape
-from benchmarks.harness import CACHE, describe_machine, entry, run_module, save
+from benchmarks.harness import CACHE, app_default, bundled_dir, describe_machine, entry, run_module, save
 
 STEPS = 200
 WIRES = ("dill", "pickle", "pickle", "dill")  # each model's runs, in this order
@@ -129,15 +129,14 @@ def draw_costs(logits) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.parse_args(argv)
-    from workers.loading.resolve import resolve_model
 
     machine = describe_machine()
-    bundled = resolve_model("bundled", CACHE).path
+    bundled = bundled_dir()
     models = {"bundled SmolLM2-135M": str(bundled),
               "Qwen1.5-0.5B shape": str(qwen_shape.build(CACHE / "qwen1.5-0.5b-shape", bundled))}
     runs = []
     for label, model in models.items():
-        spec = {"engine": "auto", "kernel": "auto", "threads": 2, "model": model, "cache_dir": str(CACHE)}
+        spec = app_default(model)
         for wire in WIRES:
             print(f"step profile: {label}, pipe pickled by {wire} ...", flush=True)
             runs.append({"model": label, **run_module("benchmarks.step_profile", "--one", json.dumps(spec), wire)})
