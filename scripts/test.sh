@@ -15,7 +15,10 @@ if [ ! -x /usr/bin/chromium ]; then  # the browser test drives Debian's Chromium
 fi
 .venv/bin/python -m pip install --quiet -r requirements-ray.txt  # the optional Ray backend: CI tests it
 status=0
-.venv/bin/python -m pytest --ignore=tests/test_ray.py "$@" || status=$?
+# Test files run side by side, one per core (a file's tests and its server stay in one process,
+# --dist loadfile); CPU_CHAT_TEST_PROCESSES=1 runs them one after another.
+processes="${CPU_CHAT_TEST_PROCESSES:-$(nproc)}"
+.venv/bin/python -m pytest -n "$processes" --dist loadfile --ignore=tests/test_ray.py "$@" || status=$?
 # Ray also talks to the machine's own interface address, and tests may reach only 127.0.0.0/8:
 # the Ray tests run in a network namespace that has loopback alone (unshare -n needs root).
 if [ "$(id -u)" != 0 ]; then

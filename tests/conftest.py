@@ -98,3 +98,15 @@ def thinking_app(tmp_path_factory, thinking_qwen3):
     with running_app(tmp_path_factory.mktemp("thinking-app"), "--model", str(thinking_qwen3), "--engine", "hf",
                      "--workers", "1", "--threads-per-worker", "1") as running:
         yield running
+
+
+@pytest.fixture(scope="session")
+def api_app(tmp_path_factory):
+    """The app on its defaults (the offline fallback model) on one two-thread worker, shared by
+    the modules whose tests only send API requests (clients, structured output, tools): one
+    start for all of them instead of one each. A test that changes the server starts its own."""
+    from tests.e2e import running_app
+
+    with running_app(tmp_path_factory.mktemp("api-app"), "--workers", "1", "--threads-per-worker", "2",
+                     "--oversubscribe") as running:
+        yield running

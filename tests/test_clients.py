@@ -17,7 +17,6 @@ import pytest
 from pydantic import BaseModel, Field
 
 from tests.asks import CAPITAL, WEATHER
-from tests.e2e import running_app
 
 
 class City(BaseModel):
@@ -33,10 +32,8 @@ def get_weather(city: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def app(tmp_path_factory):
-    with running_app(tmp_path_factory.mktemp("clients"), "--workers", "1", "--threads-per-worker", "2",
-                     "--max-batch", "4", "--oversubscribe") as running:
-        yield running
+def app(api_app):
+    return api_app  # the run's shared server (conftest): these tests only send requests
 
 
 def test_n_gives_that_many_choices_and_counts_the_prompt_once(app):

@@ -12,7 +12,6 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.e2e import running_app
 
 
 class City(BaseModel):
@@ -30,10 +29,8 @@ ASKS = ["Name the capital of France and its country as JSON.", "Describe Tokyo."
 
 
 @pytest.fixture(scope="module")
-def app(tmp_path_factory):
-    with running_app(tmp_path_factory.mktemp("structured"), "--workers", "1", "--threads-per-worker", "2",
-                     "--oversubscribe") as running:
-        yield running
+def app(api_app):
+    return api_app  # the run's shared server (conftest): these tests only send requests
 
 
 @pytest.fixture(scope="module")

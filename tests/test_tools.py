@@ -13,7 +13,6 @@ import pytest
 from pydantic import BaseModel, Field
 
 from tests.asks import WEATHER as WEATHER_ASK
-from tests.e2e import running_app
 
 
 class Weather(BaseModel):
@@ -34,10 +33,8 @@ ASK = [{"role": "user", "content": WEATHER_ASK}]
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory):
-    with running_app(tmp_path_factory.mktemp("tools"), "--workers", "1", "--threads-per-worker", "2",
-                     "--oversubscribe") as app:
-        yield openai.OpenAI(base_url=app.url + "/v1", api_key="unused", max_retries=0)
+def client(api_app):  # the run's shared server (conftest): these tests only send requests
+    return openai.OpenAI(base_url=api_app.url + "/v1", api_key="unused", max_retries=0)
 
 
 def check_call(call, name: str) -> dict:
