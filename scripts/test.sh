@@ -16,9 +16,16 @@ fi
 .venv/bin/python -m pip install --quiet -r requirements-ray.txt  # the optional Ray backend: CI tests it
 status=0
 # Test files run side by side, one per core (a file's tests and its server stay in one process,
-# --dist loadfile); CPU_CHAT_TEST_PROCESSES=1 runs them one after another.
+# --dist loadfile), all but those that measure; CPU_CHAT_TEST_PROCESSES=1 runs them one after another.
 processes="${CPU_CHAT_TEST_PROCESSES:-$(nproc)}"
-.venv/bin/python -m pytest -n "$processes" --dist loadfile --ignore=tests/test_ray.py "$@" || status=$?
+# What every test server shares (the converted model, kernel and engine verdicts, weights, graph)
+# is measured first, alone: measured beside another file's server it would be in doubt, never
+# cached, and measured again by every server (tests/warm_cache.py).
+.venv/bin/python -m tests.warm_cache
+# Exit code 5 is "no test selected" (arguments that pick tests of one phase only).
+run_pytest() { .venv/bin/python -m pytest "$@" || { code=$?; [ "$code" = 5 ] || status=$code; }; }
+run_pytest -n "$processes" --dist loadfile -m "not alone" --ignore=tests/test_ray.py "$@"
+run_pytest -m alone --ignore=tests/test_ray.py "$@"  # one after another: they measure (tests/conftest.py)
 # Ray also talks to the machine's own interface address, and tests may reach only 127.0.0.0/8:
 # the Ray tests run in a network namespace that has loopback alone (unshare -n needs root).
 if [ "$(id -u)" != 0 ]; then

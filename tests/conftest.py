@@ -21,6 +21,24 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 CACHE_DIR = Path(os.environ.get("CPU_CHAT_TEST_CACHE", Path.home() / ".cache" / "cpu-chat"))
 
 
+# Files whose tests compare durations, memory or cache verdicts measured within the test (a
+# step's time, a process's growth, a calibration cached because the machine was quiet): another
+# file's server beside them would disturb what they measure, so ``scripts/test.sh`` runs them
+# one after another once the rest have run side by side (``-m alone``).
+ALONE = frozenset({
+    "test_busy_calibration.py", "test_chunked_prefill.py", "test_crashes.py", "test_engine_choice.py",
+    "test_fair_callers.py", "test_hostile_clients.py", "test_kernels.py", "test_kv_dtype.py",
+    "test_kv_resident.py", "test_prompt_apart.py", "test_server_reliability.py", "test_startup.py",
+    "test_worker_heartbeat.py", "test_workers.py",
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in ALONE:
+            item.add_marker(pytest.mark.alone)
+
+
 @pytest.fixture(scope="session")
 def cache_dir() -> Path:
     return CACHE_DIR

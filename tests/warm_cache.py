@@ -1,0 +1,42 @@
+"""Prepare what the test servers share, once, before the test files run side by side.
+
+Every server the tests start on the bundled model reads its conversion, kernel and engine
+verdicts, weights and graph from the user cache (keyed by machine and content: a stale one is
+never reused). Measured while another test file's server measures beside it, those verdicts are
+in doubt and never cached (``workers.tuning.steady``), so on a fresh machine every server would
+measure again, minutes each. Here they are measured once, alone, for the two thread budgets the
+tests' workers run on; on a warm cache this takes seconds.
+
+    .venv/bin/python -m tests.warm_cache
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from app.config import load_config
+from app.prepare import prepare_model
+from app.startup import Startup
+from tests.conftest import CACHE_DIR
+from workers.host.cores import physical_cores, plan_layout
+
+THREADS = (1, 2)  # what the tests' workers run on (--threads-per-worker)
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    cores = physical_cores()
+    for threads in THREADS:
+        began = time.monotonic()
+        config = load_config(overrides={"model": "bundled", "workers": 1, "threads_per_worker": threads,
+                                        "cache_dir": str(CACHE_DIR)})
+        layout = plan_layout(cores, 1, threads, allow_oversubscribe=True)[0]
+        spec = prepare_model(config, layout, Startup())
+        print(f"warm: {threads} thread(s): {spec.summary} ({time.monotonic() - began:.1f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    main()
