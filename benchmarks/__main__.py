@@ -34,6 +34,7 @@ BENCHMARKS = {  # name → (module, what it measures)
     "flood": ("benchmarks.flood_bench", "a flood of huge requests beside a chat"),
     "oracle": ("benchmarks.oracle_bench", "the timing side of the cache oracle"),
     "backend": ("benchmarks.backend_bench", "the Ray backend against the local pool"),
+    "layouts": ("benchmarks.layout_bench", "every split of the cores among workers, timed as served"),
     "app-choice": ("benchmarks.app_choice", "what the app itself would serve a model on, here"),
 }
 

@@ -153,7 +153,7 @@ def measure(candidates: dict[str, EngineSpec], layout: WorkerLayout, max_batch: 
     """Every candidate's timing: cached per machine, model, weights, threads and batch size, else
     measured, each in a fresh pinned process (their thread pools must not meet)."""
     key = hashlib.sha256(json.dumps([VERSION, machine_id(layout.threads), max_batch, {
-        name: [c.engine, c.model_path, c.weights, c.dtype, c.kernel, c.prefill, _config_of(c.model_path)]
+        name: [c.engine, c.model_path, c.weights, c.dtype, c.kernel, c.prefill, config_digest(c.model_path)]
         for name, c in sorted(candidates.items())
     }]).encode()).hexdigest()[:16]
     path = cache_dir / "engines" / f"{key}.json"
@@ -182,7 +182,8 @@ def measure(candidates: dict[str, EngineSpec], layout: WorkerLayout, max_batch: 
     return timings
 
 
-def _config_of(model_path: str) -> str:
+def config_digest(model_path: str) -> str:
+    """The model's config.json, hashed: a cached timing is of this architecture and size only."""
     config = Path(model_path) / "config.json"
     return hashlib.sha256(config.read_bytes()).hexdigest()[:12] if config.is_file() else model_path
 
