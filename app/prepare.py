@@ -79,7 +79,6 @@ def prepare_model(config: AppConfig, layout: WorkerLayout, startup: Startup) -> 
                 spec = choose_engine(config, spec, model, layout, startup)
     if spec.engine is not EngineKind.HF:
         spec = choose_kv(config, spec, layout, startup)
-    startup.step("starting the workers", stages.STARTING)
     return spec
 
 

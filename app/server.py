@@ -33,6 +33,7 @@ from fastapi.exceptions import RequestValidationError
 from app.edge.api import build_router
 from app.edge.errors import http_error, validation_error
 from app.edge.auth import AuthError, Login, LoginThrottle, PageLoginThrottle, parse_auth
+from app.pool import layout
 from app.pool.backends import pool_factory
 from app.config import AppConfig, ConfigError
 from app.dispatch.dispatcher import Dispatcher
@@ -41,9 +42,10 @@ from app.edge.guards import LOOPBACK_HOSTS, LoopbackHostOnly, OwnImagesOnly, tim
 from app.edge.metrics import AppMetrics, build_metrics_router
 from app.pool.local import call_soon
 from app.prepare import prepare_model
+from app import startup as stages
 from app.startup import Startup
 from app.page.ui import build_ui, page_i18n, quiet_when_idle
-from workers.host.cores import LayoutError, auto_workers, physical_cores, plan_layout
+from workers.host.cores import LayoutError, WorkerLayout
 from workers.loading.resolve import ModelNotFound, check_spec
 from workers.protocol import EngineConfig
 from workers.spec import EngineSpec
@@ -56,15 +58,11 @@ GRACEFUL_SHUTDOWN_S = 3  # open page connections (Gradio's event stream) are cut
 def build_dispatcher(config: AppConfig) -> Dispatcher:
     """The dispatcher with its planned workers, before the model is known (see ``prepare_model``).
 
-    The layouts are planned on this machine (the kernels are measured for the first); on Ray
-    the pool places the workers on the cluster's machines and plans each machine's cores."""
-    cores = physical_cores()
-    workers = auto_workers(len(cores)) if config.workers == "auto" else config.workers
-    threads = None if config.threads_per_worker == "auto" else config.threads_per_worker
-    elsewhere = config.backend != "local"  # other machines' cores count too: checked when placing
-    layouts = plan_layout(cores, workers, threads, allow_oversubscribe=config.oversubscribe or elsewhere)
+    The layouts are planned on this machine (the kernels are measured for the first; the split
+    may be measured once the model is ready, ``app.pool.layout``); on Ray the pool places the
+    workers on the cluster's machines and plans each machine's cores."""
     return Dispatcher(DispatcherConfig(
-        layouts=layouts,
+        layouts=layout.planned(config),
         max_batch=config.max_batch,
         max_queue=config.max_queue,
         caller_slots=config.caller_slots,
@@ -88,7 +86,9 @@ def start_in_background(config: AppConfig, dispatcher: Dispatcher, startup: Star
     loop = asyncio.get_running_loop()
     dispatcher.attach()
 
-    def started(engine: EngineSpec) -> None:
+    def started(engine: EngineSpec, layouts: list[WorkerLayout] | None) -> None:
+        if layouts:
+            dispatcher.relayout(layouts)
         dispatcher.start(engine)
         startup.finish(f"{len(dispatcher.workers)} worker(s) loading {engine.model_name}")
 
@@ -98,13 +98,18 @@ def start_in_background(config: AppConfig, dispatcher: Dispatcher, startup: Star
 
     def run() -> None:
         try:
-            engine = prepare_model(config, dispatcher.config.layouts[0], startup)
+            planned = dispatcher.config.layouts
+            engine = prepare_model(config, planned[0], startup)
+            layouts = layout.settle(config, planned, engine, startup)
+            if layouts and layouts[0].threads != planned[0].threads:  # its kernels are timed on its threads
+                engine = prepare_model(config, layouts[0], startup)
+            startup.step("starting the workers", stages.STARTING)
         except Exception as exc:
             log.exception("Could not prepare the model %s", config.model)
             message = str(exc) if isinstance(exc, ModelNotFound) else f"{type(exc).__name__}: {exc}"
             call_soon(loop, failed, message)
             return
-        call_soon(loop, started, engine)
+        call_soon(loop, started, engine, layouts)
 
     threading.Thread(target=run, daemon=True, name="prepare-model").start()
 

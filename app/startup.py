@@ -8,9 +8,9 @@ That thread writes a ``Startup`` and the event loop reads ``snapshot()`` of it; 
 stage, fraction and error consistent with each other across the two threads.
 
 The fraction is stage-level, not per byte: resolving the model 0.05, downloading or
-converting 0.1, measuring kernels 0.4, preparing weights 0.7, starting workers 0.9, done 1.0. The download and the
-GGUF conversion print their own tqdm bars to the log; reading those back from stderr would
-tie the page to library output formats, and the stage text already says which slow step is
+converting 0.1, measuring kernels 0.4, preparing weights 0.7, timing worker layouts 0.8,
+starting workers 0.9, done 1.0. The download and the GGUF conversion print their own tqdm bars
+to the log; reading those back from stderr would tie the page to library output formats, and the stage text already says which slow step is
 running.
 """
 
@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from workers.decoders.ort.prune import CacheReport
 from workers.tuning.kernel_choice import KernelChoice
 from workers.tuning.engine_choice import EngineChoice
+from workers.tuning.layout_choice import LayoutChoice
 from workers.tuning.perplexity import Rise
 from workers.loading.resolve import ResolvedModel
 
@@ -29,6 +30,7 @@ RESOLVING = 0.05
 FETCHING = 0.1  # downloading or converting
 MEASURING = 0.4  # timing the kernels (once per CPU and model shape)
 PREPARING = 0.7
+LAYOUT = 0.8  # timing the workers × threads splits (once per machine and model)
 STARTING = 0.9
 
 
@@ -64,6 +66,7 @@ class Startup:
     engine: EngineChoice | None = None  # set where --engine auto measured the engines (likewise)
     quality: Quality | None = None  # set where the graph's weights were measured against float32 (likewise)
     graph_cache: CacheReport | None = None  # set once the onnxruntime graph cache is pruned (likewise)
+    layout: LayoutChoice | None = None  # set where the workers × threads split was measured (likewise)
     _state: StartupState = field(default_factory=lambda: StartupState("Starting", 0.0))
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

@@ -173,6 +173,7 @@ def test_the_banner_is_one_line_that_says_what_serves_or_what_start_up_is_doing(
     "measuring which KV cache dtype is fastest on this CPU (once per CPU and model)",
     "preparing the weights of SmolLM2-135M-Instruct (bundled, offline) for int8-ort",
     "building the onnxruntime graph of SmolLM2-135M-Instruct (bundled, offline) (int8, once)",
+    "timing the worker layouts the cores allow (once per machine and model)",
     "starting the workers",
     "2 worker(s) loading SmolLM2-135M-Instruct (bundled, offline)",
     "asked for with --model bundled",

@@ -29,6 +29,7 @@ a refusal such as a full queue: every refusal is a ``Failed``, see ``workers.err
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -40,6 +41,7 @@ from app.dispatch.fairness import CallerLedger, Waiter
 from app.dispatch.requests import DispatcherConfig, Observer, Queued
 from app.pool.local import ProcessPool
 from app.dispatch.routing import Routes
+from workers.host.cores import WorkerLayout
 from workers.spec import EngineSpec, WorkerSpec
 from workers.protocol import ChatMessage, Chunk, Done, Failed, Notice, SamplingParams  # what a stream yields
 from workers.protocol import Cancel, ErrorCode, FromWorker, Generate, Ready  # to and from workers
@@ -63,10 +65,9 @@ class Dispatcher:
         """``pool_factory(layouts, on_message, on_exit, on_spawn)``: where workers run (``app.pool.backends``)."""
         self.config = config
         self.observers: list[Observer] = list(observers)
-        self.pool = pool_factory(config.layouts, self._on_message, self._on_exit, self._on_spawn)
-        self.workers = [WorkerHandle(self.pool.workers[layout.worker_id], slots=config.max_batch)
-                        for layout in config.layouts]
-        self._by_id = {w.id: w for w in self.workers}
+        self._pool_factory = pool_factory
+        self._started = False
+        self._plan(config.layouts)
         self.start_error: str | None = None  # why the workers could not be started
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ledger = CallerLedger(config.caller_slots, config.caller_queue)
@@ -74,7 +75,22 @@ class Dispatcher:
         self._routes = Routes()
         self._last = -1
 
+    def _plan(self, layouts: list[WorkerLayout]) -> None:
+        self.config = dataclasses.replace(self.config, layouts=layouts)
+        self.pool = self._pool_factory(layouts, self._on_message, self._on_exit, self._on_spawn)
+        self.workers = [WorkerHandle(self.pool.workers[layout.worker_id], slots=self.config.max_batch)
+                        for layout in layouts]
+        self._by_id = {w.id: w for w in self.workers}
+
     # lifecycle ------------------------------------------------------------------------
+
+    def relayout(self, layouts: list[WorkerLayout]) -> None:
+        """Serve on ``layouts`` instead of the planned ones (a split measured to serve better,
+        ``app.pool.layout``). Only before ``start``: no worker runs yet, so none is lost; requests
+        already waiting keep their places and go to the new workers."""
+        if self._started:
+            raise RuntimeError("Dispatcher.relayout after the workers started")
+        self._plan(layouts)
 
     def attach(self) -> None:
         """Bind to the serving event loop before the model is known (requests can then queue)."""
@@ -86,6 +102,7 @@ class Dispatcher:
         if engine is None:
             raise ValueError("Dispatcher.start needs an EngineSpec (none in the config)")
         self._loop = asyncio.get_running_loop()
+        self._started = True
         self.pool.start(self._loop, {w.id: WorkerSpec(w.process.layout, engine, self.config.engine_config,
                                                       log_level=self.config.log_level) for w in self.workers})
 

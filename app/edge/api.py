@@ -73,6 +73,7 @@ def build_router(dispatcher: Dispatcher, startup: Startup, defaults: SamplingPar
             "engine": startup.engine.report() if startup.engine else None,
             "quality": startup.quality.report() if startup.quality else None,
             "graph_cache": startup.graph_cache.report() if startup.graph_cache else None,
+            "layout": startup.layout.report() if startup.layout else None,
             "startup_error": state.error,
             "queue_depth": dispatcher.queue_depth,
             "workers": [dataclasses.asdict(w) for w in dispatcher.snapshot()],

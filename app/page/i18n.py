@@ -195,6 +195,8 @@ STARTUP_ZH = [
      "正在测量本机 CPU 上最快的 KV 缓存精度（每种 CPU 和模型仅一次）"),
     (r"preparing the weights of (.+) for (\S+)", "正在为 {1} 准备 {0} 的权重"),
     (r"building the onnxruntime graph of (.+) \(int8, once\)", "正在构建 {0} 的 onnxruntime 计算图（int8，仅一次）"),
+    (r"timing the worker layouts the cores allow \(once per machine and model\)",
+     "正在测量 CPU 核心可行的各种 worker 划分（每台机器和模型仅一次）"),
     (r"starting the workers", "正在启动 worker"),
     (r"(\d+) worker\(s\) loading (.+)", "{0} 个 worker 正在加载 {1}"),
     (r"asked for with --model bundled", "由 --model bundled 指定"),

@@ -19,8 +19,8 @@ layout serves (``LayoutChoice.trusted`` false). Each process's proportional memo
 weights mapped from one file count once across workers) is kept too, for /health and the
 benchmark table.
 
-    timings = measure(spec, cores, max_batch, cache_dir)   # or the cached verdict
-    choice = pick(timings)                                  # choice.workers, choice.threads
+    choice = choose(spec, cores, streams, cache_dir)   # pick(measure(...)): the cached timings, or new ones
+    choice.workers, choice.threads, choice.why
 """
 
 from __future__ import annotations
@@ -133,23 +133,42 @@ def pick(timings: list[LayoutTiming] | tuple[LayoutTiming, ...]) -> LayoutChoice
     return LayoutChoice(chosen.workers, chosen.threads, tuple(timings), "measured: " + why)
 
 
+def choose(spec: EngineSpec, cores: list[PhysicalCore], streams: int, cache_dir: Path) -> LayoutChoice:
+    """``pick`` of ``measure``: the split to serve on (``trusted`` false: timed on a busy machine)."""
+    return pick(measure(spec, cores, streams, cache_dir))
+
+
 def measure(spec: EngineSpec, cores: list[PhysicalCore], streams: int, cache_dir: Path) -> list[LayoutTiming]:
     """Every candidate layout's timing: cached per machine, cores, model, engine and streams, else
     measured; in doubt (a busy machine), returned but not cached."""
-    served = {k: v for k, v in dataclasses.asdict(spec).items() if k not in ("model_name", "summary")}
-    key = hashlib.sha256(json.dumps([VERSION, machine_id(len(cores)), streams, served, config_digest(spec.model_path)],
-                                    default=str).encode()).hexdigest()[:16]
-    path = cache_dir / "layouts" / f"{key}.json"
+    path = cached_at(spec, cores, streams, cache_dir)
     if path.is_file():
-        return [LayoutTiming(**{**t, "loaded_steps_ms": tuple(t["loaded_steps_ms"]), "pss_mb": tuple(t["pss_mb"])})
-                for t in json.loads(path.read_text())]
+        try:
+            return [LayoutTiming(**{**t, "loaded_steps_ms": tuple(t["loaded_steps_ms"]), "pss_mb": tuple(t["pss_mb"])})
+                    for t in json.loads(path.read_text())]
+        except (ValueError, TypeError, KeyError) as exc:  # cut short or from another version: time again
+            log.warning("Ignoring the unreadable layout timings %s (%s).", path, exc)
+    log.info("Timing the worker layouts %s for %d streams (once per machine and model).",
+             ", ".join(f"{w}×{t}" for w, t in candidates(len(cores))), streams)
     timings = [time_layout(spec, cores, workers, threads, streams) for workers, threads in candidates(len(cores))]
     if any(t.doubts for t in timings):
         log.warning("The machine was too busy to time the worker layouts (%s); not caching them.",
                     "; ".join(d for t in timings for d in t.doubts))
     else:
-        publish_json(path, [{k: v for k, v in dataclasses.asdict(t).items() if k != "doubts"} for t in timings])
+        save(path, timings)
     return timings
+
+
+def cached_at(spec: EngineSpec, cores: list[PhysicalCore], streams: int, cache_dir: Path) -> Path:
+    """Where ``measure`` keeps the timings: one file per machine, cores, model, engine and streams."""
+    served = {k: v for k, v in dataclasses.asdict(spec).items() if k not in ("model_name", "summary")}
+    key = hashlib.sha256(json.dumps([VERSION, machine_id(len(cores)), streams, served, config_digest(spec.model_path)],
+                                    default=str).encode()).hexdigest()[:16]
+    return cache_dir / "layouts" / f"{key}.json"
+
+
+def save(path: Path, timings: list[LayoutTiming]) -> None:
+    publish_json(path, [{k: v for k, v in dataclasses.asdict(t).items() if k != "doubts"} for t in timings])
 
 
 def time_layout(spec: EngineSpec, cores: list[PhysicalCore], workers: int, threads: int,
