@@ -10,8 +10,8 @@ stage, fraction and error consistent with each other across the two threads.
 The fraction is stage-level, not per byte: resolving the model 0.05, downloading or
 converting 0.1, measuring kernels 0.4, preparing weights 0.7, timing worker layouts 0.8,
 starting workers 0.9, done 1.0. The download and the GGUF conversion print their own tqdm bars
-to the log; reading those back from stderr would tie the page to library output formats, and the stage text already says which slow step is
-running.
+to the log; reading those back from stderr would tie the page to library output formats, and
+the stage text already says which slow step is running.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The worker layouts the cores allow, timed as the app would serve them, and the one
-``workers.tuning.layout_choice.pick`` keeps, beside the rule the app applies today
-(``workers.host.cores.auto_workers``).
+``workers.tuning.layout_choice.pick`` keeps, beside the rule the app falls back on when the
+timing is in doubt (``workers.host.cores.auto_workers``).
 
 Each round times every candidate (interleaved, so a slower spell of a shared machine falls on
 all of them) on the spec the app itself prepares for the model here (``app.prepare``);
