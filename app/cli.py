@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 from typing import get_args
 
-from app.config import (AppConfig, Backend, ConfigError, Dtype, Engine, KvDtype, LogLevel, Quantize, Speculation,
-                        load_config)
+from app.config import (AppConfig, Backend, ConfigError, ContextOverflow, Dtype, Engine, KvDtype, LogLevel,
+                        Quantize, Speculation, load_config)
 from app.hosting import default_config_path, env_overrides, offline_model_install
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reproducible", action="store_true", default=None,
                    help="greedy and seeded replies the same whatever the load and the cached conversation "
                         "(speculation off, prompts cut at fixed places; docs/design/reproducible.md)")
+    p.add_argument("--context-overflow", choices=get_args(ContextOverflow),
+                   help="a conversation past the context window: error (refused, saying how long it is); "
+                        "drop-oldest: its oldest turns left out, and the reply says so")
     p.add_argument("--system-prompt")
     p.add_argument("--cache-dir", help="where converted GGUF models and prepared weights are kept")
     p.add_argument("--log-level", choices=get_args(LogLevel))

@@ -32,6 +32,7 @@ Quantize = Literal["int8", "int4", "none"]  # "int8": int8 weights allowed where
 Engine = Literal["auto", "lean", "ort", "hf"]  # "auto": lean or ort, measured; "hf": transformers (any model)
 KvDtype = Literal["auto", "float32", "bfloat16", "float16", "int8"]  # the KV cache's; "auto": measured
 Speculation = Literal["auto", "off"]  # prompt-lookup drafts: "auto": where measured to pay (workers.generation.speculation)
+ContextOverflow = Literal["error", "drop-oldest"]  # a conversation past the window: refused, or its oldest turns left out
 Backend = Literal["local", "ray"]  # "ray": workers are Ray actors (requirements-ray.txt)
 LogLevel = Literal["debug", "info", "warning", "error"]
 
@@ -60,6 +61,7 @@ class AppConfig:
     kv_dtype: KvDtype
     speculation: Speculation
     reproducible: bool
+    context_overflow: ContextOverflow
     system_prompt: str
     cache_dir: str
     hub_timeout_s: float
@@ -134,7 +136,7 @@ def validate(config: AppConfig) -> None:
     for name, choices in (("dtype", get_args(Dtype)), ("quantize", get_args(Quantize)),
                           ("engine", get_args(Engine)), ("backend", get_args(Backend)), ("log_level", get_args(LogLevel)),
                           ("kernel", ("auto", *KERNELS)), ("kv_dtype", get_args(KvDtype)),
-                          ("speculation", get_args(Speculation))):
+                          ("speculation", get_args(Speculation)), ("context_overflow", get_args(ContextOverflow))):
         if getattr(config, name) not in choices:
             raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {getattr(config, name)!r}")
     if config.quantize == "int4" and config.engine not in ("auto", "ort"):

@@ -69,7 +69,7 @@ def build_dispatcher(config: AppConfig) -> Dispatcher:
         caller_queue=config.caller_queue,
         engine_config=EngineConfig(max_context_tokens=config.max_context_tokens,
                                    kv_cache_bytes=config.kv_cache_mb * 2**20, speculation=config.speculation,
-                                   reproducible=config.reproducible),
+                                   reproducible=config.reproducible, context_overflow=config.context_overflow),
         log_level=logging.getLevelName(config.log_level.upper()),
     ), pool_factory=pool_factory(config))
 

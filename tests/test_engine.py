@@ -11,7 +11,7 @@ from workers.decoders.invariance import probe
 from workers.generation.engine import Engine
 from workers.generation.conversations import LEFT
 from workers.loading.load import load
-from workers.generation.prompt import PromptTooLong, encode_chat
+from workers.generation.prompt import PromptTooLong, encode_chat, whole_prompt
 from workers.errors import InvalidInput
 from workers.protocol import ChatMessage, EngineConfig, FinishReason, SamplingParams
 from workers.decoders.lean.weights import prepare
@@ -36,7 +36,8 @@ def make_engine(path: str, kernel: str, cache_dir, prefill: str | None = None, *
 
 @pytest.fixture(scope="module", params=["fp32", "hf"])
 def tiny_engine(request, tiny_qwen, tmp_path_factory):
-    return make_engine(str(tiny_qwen), request.param, tmp_path_factory.mktemp("w"), max_context_tokens=256)
+    return make_engine(str(tiny_qwen), request.param, tmp_path_factory.mktemp("w"), max_context_tokens=256,
+                       context_overflow="drop-oldest")
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +110,20 @@ def test_fitting_a_long_history_tokenizes_only_what_can_fit_and_each_message_onc
     assert sum(lengths) <= tiny_engine.context_tokens + max(lengths)  # what could fit, and the one that overflowed
     assert len(workers.generation.prompt.encode_chat(tiny_engine.tokenizer, history[prompt.dropped_turns - 2:] + [
         ChatMessage("user", "last")])) > tiny_engine.context_tokens - 64  # and it dropped no more than needed
+
+
+def test_a_conversation_past_the_window_is_refused_with_its_numbers(bundled_tokenizer):
+    """The default (``context_overflow`` "error"): nothing is left out; the refusal says how
+    long the conversation is, what the reply was given, and what the window holds."""
+    history = [ChatMessage("user" if i % 2 == 0 else "assistant", f"turn {i} " * 6) for i in range(30)]
+    needed = len(encode_chat(bundled_tokenizer, history))
+    assert whole_prompt(bundled_tokenizer, history, needed + 64, 64).ids == encode_chat(bundled_tokenizer, history)
+    with pytest.raises(PromptTooLong) as refused:
+        whole_prompt(bundled_tokenizer, history, needed + 63, 64)
+    assert f"it needs {needed + 64} tokens ({needed} for the conversation, 64 for the reply)" in str(refused.value)
+    assert f"context window holds {needed + 63}" in str(refused.value)
+    with pytest.raises(PromptTooLong, match=r"needs at least \d+ tokens .* holds 100\."):  # counting stopped early
+        whole_prompt(bundled_tokenizer, history, 100, 64)
 
 
 def test_a_single_message_over_the_window_says_the_limit(tiny_engine):

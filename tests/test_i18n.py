@@ -10,7 +10,7 @@ import pytest
 from app.page.i18n import EN, MESSAGES_ZH, ZH, language, localize, text
 from app.edge.validation import check_message
 from workers.errors import InvalidInput, PromptTooLong
-from workers.generation.prompt import build_prompt
+from workers.generation.prompt import build_prompt, whole_prompt
 from workers.protocol import ChatMessage
 
 
@@ -46,6 +46,8 @@ def raised(call) -> str:
 def test_messages_made_elsewhere_are_shown_in_chinese(bundled_tokenizer):
     too_long = raised(lambda: build_prompt(bundled_tokenizer, [ChatMessage("user", "word " * 200)], 50))
     assert localize("zh", too_long).startswith("消息太长：连同系统提示词需要")
+    past = raised(lambda: whole_prompt(bundled_tokenizer, [ChatMessage("user", "word " * 40)] * 3, 100, 20))
+    assert localize("zh", past).startswith("对话太长：需要约 ") and "上下文窗口只有 100 个" in localize("zh", past)
     assert localize("zh", raised(lambda: check_message("  "))) == "消息为空，请输入内容后再发送。"
     assert localize("zh", raised(lambda: check_message("x" * 40_000))) == "消息长 40,000 个字符，上限为 32,000 个。"
     assert localize("zh", "The server is busy: 64 requests are already waiting. Please try again in a minute.") \

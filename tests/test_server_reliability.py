@@ -24,7 +24,8 @@ OUTPUT = Path(__file__).resolve().parent.parent / "test-output"
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
     with running_app(tmp_path_factory.mktemp("app"), "--model", "bundled", "--workers", "2",
-                        "--threads-per-worker", "1", "--oversubscribe", "--max-queue", "32") as running:
+                        "--threads-per-worker", "1", "--oversubscribe", "--max-queue", "32",
+                        "--context-overflow", "drop-oldest") as running:
         yield running
 
 

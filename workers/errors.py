@@ -10,7 +10,8 @@
     ├── UnsupportedModel       the lean decoder lacks this architecture: transformers serves it
     └── RequestError           one request cannot be served; the server goes on
         ├── InvalidInput       the request itself is bad (API: 400)
-        └── PromptTooLong      its newest message does not fit the context window (400)
+        └── PromptTooLong      the conversation does not fit the context window (400,
+                               code context_length_exceeded)
 
 A request is refused in one way only: as the ``workers.protocol.Failed`` event that ends
 its stream, with an ``ErrorCode`` (invalid, busy, too many, unavailable, internal) that the API maps
@@ -56,7 +57,9 @@ class UnsupportedModel(ChatError, ValueError):
 
 
 class RequestError(ChatError, ValueError):
-    """One request cannot be served as sent."""
+    """One request cannot be served as sent; ``code`` is its ``workers.protocol.ErrorCode``'s value."""
+
+    code = "invalid_request"
 
 
 class InvalidInput(RequestError):
@@ -64,4 +67,7 @@ class InvalidInput(RequestError):
 
 
 class PromptTooLong(RequestError):
-    """The newest message alone does not fit in the context window; the message says by how much."""
+    """The conversation (or, dropping old turns, its newest message alone) does not fit in the
+    context window; the message says by how much."""
+
+    code = "context_length_exceeded"

@@ -63,6 +63,9 @@ class EngineConfig:
     repetition_window: int = 64
     speculation: str = "auto"  # "auto": prompt-lookup drafts where they pay; "off" (workers.generation.speculation)
     reproducible: bool = False  # replies that do not depend on the load (workers.generation.reproducible)
+    # a conversation past the window: "error" (refused, with its numbers); "drop-oldest": its
+    # oldest turns left out, and the reply told so (workers.generation.prompt)
+    context_overflow: str = "error"
 
 
 @dataclass(frozen=True)
@@ -158,7 +161,8 @@ class Done:
 class ErrorCode(str, enum.Enum):
     """What kind of failure, so the API can pick a status code (400, 503, 500)."""
 
-    INVALID_REQUEST = "invalid_request"  # the user can fix it (e.g. message too long)
+    INVALID_REQUEST = "invalid_request"  # the user can fix it (e.g. a bad setting)
+    CONTEXT_LENGTH = "context_length_exceeded"  # the conversation does not fit the window: OpenAI's code for it
     BUSY = "busy"  # every worker busy and the queue full: try again in a minute
     TOO_MANY = "too_many"  # this caller already has caller_queue requests waiting (API: 429)
     UNAVAILABLE = "unavailable"  # try again (worker crashed and restarts, server stopping)

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 
 from workers.protocol import ErrorCode, Failed
 
-STATUS_FOR = {ErrorCode.INVALID_REQUEST: 400, ErrorCode.BUSY: 503, ErrorCode.TOO_MANY: 429,
+STATUS_FOR = {ErrorCode.INVALID_REQUEST: 400, ErrorCode.CONTEXT_LENGTH: 400, ErrorCode.BUSY: 503, ErrorCode.TOO_MANY: 429,
               ErrorCode.UNAVAILABLE: 503, ErrorCode.INTERNAL: 500}
 RETRY_AFTER_S = {ErrorCode.BUSY: 5, ErrorCode.TOO_MANY: 5}  # tells a client when trying again makes sense
 NAMED_FIELD = re.compile(r"\(field '([^']+)'\)")  # how a refusal's message names its field
@@ -32,16 +32,17 @@ async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
     """Errors in the shape OpenAI clients read (``{"error": {"message": ...}}``, so the SDK's
     exception says why), with FastAPI's ``detail`` kept beside it; ``param`` names the field
     at fault (``FieldError``)."""
-    body = {"error": openai_error(str(exc.detail), exc.status_code, getattr(exc, "param", None)),
-            "detail": exc.detail}
+    body = {"error": openai_error(str(exc.detail), exc.status_code, getattr(exc, "param", None),
+                                  getattr(exc, "code", None)), "detail": exc.detail}
     return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
 
-def openai_error(message: str, status: int, param: str | None = None) -> dict:
+def openai_error(message: str, status: int, param: str | None = None, code: str | None = None) -> dict:
+    """``code``: a refusal's own (``context_length_exceeded``), else the status."""
     kind = {400: "invalid_request_error", 401: "authentication_error", 413: "invalid_request_error",
             415: "invalid_request_error", 421: "invalid_request_error", 422: "invalid_request_error",
             429: "rate_limit_error", 503: "server_busy"}.get(status, "server_error")
-    return {"message": message, "type": kind, "param": param, "code": status}
+    return {"message": message, "type": kind, "param": param, "code": code or status}
 
 
 class FieldError(HTTPException):
@@ -61,4 +62,6 @@ def refusal(failed: Failed) -> HTTPException:
                           headers={"Retry-After": str(retry)} if retry else None)
     if failed.code is ErrorCode.INVALID_REQUEST and (named := NAMED_FIELD.search(failed.message)):
         error.param = named.group(1)
+    if failed.code is ErrorCode.CONTEXT_LENGTH:
+        error.code = failed.code.value  # what clients look for: OpenAI's code for a prompt past the window
     return error

@@ -41,7 +41,7 @@ def outcome(final: Done | Failed) -> str:
     a prompt too long to serve)."""
     if isinstance(final, Done):
         return final.finish_reason.value
-    if final.code in (ErrorCode.INVALID_REQUEST, ErrorCode.BUSY, ErrorCode.TOO_MANY):
+    if final.code in (ErrorCode.INVALID_REQUEST, ErrorCode.CONTEXT_LENGTH, ErrorCode.BUSY, ErrorCode.TOO_MANY):
         return "rejected"
     return "error"
 

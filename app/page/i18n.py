@@ -156,6 +156,10 @@ MESSAGES_ZH = [
     ((r"The message is too long: it needs (\d+) tokens with the system prompt, and this model accepts at most (\d+) "
       r"prompt tokens.*"),
      "消息太长：连同系统提示词需要 {0} 个 token，而此模型最多接受 {1} 个提示词 token（上下文窗口减去回复所需的空间）。请缩短消息。"),
+    ((r"The conversation is too long for this model: it needs (?:at least )?(\d+) tokens \((?:at least )?(\d+) for "
+      r"the conversation, (\d+) for the reply\), and its context window holds (\d+)\. .*"),
+     "对话太长：需要约 {0} 个 token（对话 {1} 个，回复 {2} 个），而此模型的上下文窗口只有 {3} 个。"
+     "请删除较早的消息或开始新的对话，或减少新 token 的数量。"),
     ((r"The conversation is longer than the context window: its oldest (\d+) messages were left out of this "
       r"reply's prompt\."),
      "对话超出了上下文窗口：最早的 {0} 条消息没有放入本次回复的提示词。"),

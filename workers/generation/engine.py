@@ -39,7 +39,7 @@ from workers.generation.conversations import Conversations
 from workers.generation.detokenize import IncrementalDetokenizer, StopStrings, TokenBytes
 from workers.generation.grammar import Grammars
 from workers.generation.processors import LogitsProcessor, process, processors_for
-from workers.generation.prompt import Prompt, build_prompt
+from workers.generation.prompt import Prompt, build_prompt, whole_prompt
 from workers.generation.reproducible import Cuts, reproducible
 from workers.errors import InvalidInput
 from workers.protocol import ChatMessage, EngineConfig, FinishReason, Metrics, SamplingParams, TokenLogprob
@@ -127,8 +127,12 @@ class Engine:
     # prompt --------------------------------------------------------------------------
 
     def prompt(self, messages: list[ChatMessage], max_new_tokens: int, enable_thinking: bool | None = None) -> Prompt:
-        """The prompt, fitted to leave room for the reply: ``max_new_tokens``, but at most a
-        quarter of the window (so a long history still fits) and at least one token."""
+        """The whole conversation with room for ``max_new_tokens`` (else ``PromptTooLong``); or,
+        with ``context_overflow`` "drop-oldest", fitted by dropping its oldest turns, leaving the
+        reply ``max_new_tokens`` but at most a quarter of the window (so a long history still
+        fits) and at least one token."""
+        if self.config.context_overflow == "error":
+            return whole_prompt(self.tokenizer, messages, self.context_tokens, max(max_new_tokens, 1), enable_thinking)
         room = min(max_new_tokens, self.context_tokens // 4)
         return build_prompt(self.tokenizer, messages, self.context_tokens - max(room, 1), enable_thinking)
 

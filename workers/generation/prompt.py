@@ -1,6 +1,7 @@
 """The prompt: a chat as token ids the model was trained on, fitted into its context window.
 
     ids = encode_chat(tokenizer, messages)                       # the chat template, safely
+    prompt = whole_prompt(tokenizer, messages, window, reply)    # all of it, or PromptTooLong saying so
     prompt = build_prompt(tokenizer, messages, max_prompt_tokens)  # oldest turns dropped to fit
     prompt.ids, prompt.spans                                     # its ids, where each message's content lies
     stop = stop_token_ids(tokenizer, generation_config_eos)      # where a reply ends
@@ -113,6 +114,34 @@ def encode_turns(tokenizer, messages: list[ChatMessage], enable_thinking: bool |
         elif piece:
             ids += tokenizer(piece, add_special_tokens=False).input_ids
     return Prompt(ids, spans=tuple(spans))
+
+
+def whole_prompt(tokenizer, messages: list[ChatMessage], window: int, reply_tokens: int,
+                 enable_thinking: bool | None = None) -> Prompt:
+    """Every turn, with room for ``reply_tokens``, or ``PromptTooLong`` with the numbers: a
+    model that never saw the start of a conversation answers it all the same, so nothing is
+    left out unless the server was told to (``--context-overflow drop-oldest``: ``build_prompt``).
+
+    Contents are counted back from the newest and the count stops once they alone overflow,
+    so a hostile megabyte history costs what fits (the message then says "at least")."""
+    limit, counted, memo = window - reply_tokens, 0, {}
+    for message in reversed(messages):
+        memo[id(message)] = content_ids(tokenizer, message)
+        counted += len(memo[id(message)])
+        if counted > limit:
+            raise PromptTooLong(overflow_message(counted, reply_tokens, window, at_least=True))
+    prompt = encode_turns(tokenizer, messages, enable_thinking, lambda m: memo[id(m)])
+    if len(prompt.ids) > limit:
+        raise PromptTooLong(overflow_message(len(prompt.ids), reply_tokens, window))
+    return prompt
+
+
+def overflow_message(prompt_tokens: int, reply_tokens: int, window: int, at_least: bool = False) -> str:
+    """What a conversation past the window is told, with its numbers (the page translates it)."""
+    more = "at least " if at_least else ""
+    return (f"The conversation is too long for this model: it needs {more}{prompt_tokens + reply_tokens} tokens "
+            f"({more}{prompt_tokens} for the conversation, {reply_tokens} for the reply), and its context window "
+            f"holds {window}. Remove earlier messages or start a new chat, or ask for fewer new tokens.")
 
 
 def build_prompt(tokenizer, messages: list[ChatMessage], max_prompt_tokens: int,

@@ -90,7 +90,7 @@ class Batch:
             self.engine.check(req.params)  # a logit_bias id outside the vocabulary
             prompt = self.engine.prompt(list(req.messages), req.params.max_new_tokens, req.params.enable_thinking)
         except RequestError as exc:  # too long, refused by the chat template, bad settings: the message says why
-            self.conn.send(Failed(rid, str(exc), ErrorCode.INVALID_REQUEST))
+            self.conn.send(Failed(rid, str(exc), ErrorCode(exc.code)))
             return
         need, budget = self.engine.kv_need(prompt.ids, req.params), self.engine.conversations.budget_bytes
         if need > budget:
