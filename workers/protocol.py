@@ -43,6 +43,7 @@ class SamplingParams:
     presence_penalty: float = 0.0  # OpenAI's: subtracted from the logit of every token already generated
     frequency_penalty: float = 0.0  # OpenAI's: subtracted once per time a token was generated
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit) pairs
+    raw_prompt: bool = False  # the one message's text is the prompt, no chat template (legacy completions)
     grammar: str = ""  # what the reply must match (llguidance's grammar text: app.shaping.structured); "": anything
 
     @property

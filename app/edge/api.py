@@ -27,25 +27,27 @@ servers do; ``enable_thinking: false`` (or vLLM's ``chat_template_kwargs:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import uuid
-from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 
-from app.edge.errors import FieldError, openai_error, refusal
-from app.edge.schema import parse_body, request_schema
+from app.edge.body import openapi_body, parse_body
+from app.edge.schema import CHAT_FIELDS, ChatRequest
 from app.edge.auth import Login, caller_scope
 from app.edge.replies import complete, sse
+from app.edge.turn import Turn, start, until_disconnected
+from app.edge.context import Edge
+from app.edge.dialects import anthropic, completions, ollama, responses
 from app.dispatch.dispatcher import Dispatcher
 from app.startup import Startup
 from app.edge.validation import InvalidInput
-from workers.protocol import Failed, SamplingParams
-DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
+from workers.protocol import SamplingParams
 
+
+DIALECTS = (anthropic, responses, completions, ollama)  # app.edge.dialects: one module each
 
 def build_router(dispatcher: Dispatcher, startup: Startup, defaults: SamplingParams,
                  auth: Login | None = None) -> APIRouter:
@@ -53,9 +55,8 @@ def build_router(dispatcher: Dispatcher, startup: Startup, defaults: SamplingPar
     router = APIRouter()
     scope_of = caller_scope(auth)
     protected = [Depends(scope_of)] if auth else []
-
-    def model_name() -> str:
-        return startup.model.name if startup.model else "(being prepared)"
+    edge = Edge(dispatcher, startup, defaults, scope_of)
+    model_name = edge.model_name
 
     @router.get("/health")
     async def health(request: Request) -> dict:
@@ -94,39 +95,27 @@ def build_router(dispatcher: Dispatcher, startup: Startup, defaults: SamplingPar
         async def docs() -> HTMLResponse:
             return get_swagger_ui_html(openapi_url="/openapi.json", title="CPU Chat API")
 
-    body = {"requestBody": {"required": True, "content": {"application/json": {"schema": request_schema()}}}}
-
-    @router.post("/v1/chat/completions", openapi_extra=body)  # the body is read by hand (parse_body)
+    @router.post("/v1/chat/completions", openapi_extra=openapi_body(ChatRequest))  # the body is read by hand
     async def chat_completions(request: Request, scope: str = Depends(scope_of)):
-        req = await parse_body(request)
+        req = await parse_body(request, ChatRequest, CHAT_FIELDS)
         try:
             req.refuse_unsupported()
             # cleans megabytes, maybe, and compiles a schema: off the loop
             messages, grammar = await asyncio.to_thread(lambda: (req.chat_messages(), req.grammar()))
         except InvalidInput as exc:
             raise HTTPException(400, str(exc)) from exc
-        if (req.n or 1) > dispatcher.config.max_batch:
-            raise FieldError(f"n is {req.n}; this server runs at most {dispatcher.config.max_batch} choices of one "
-                             "request at once (its max_batch) (field 'n').", "n")
-        params = req.sampling(defaults, grammar)
-        streams = []
-        for i in range(req.n or 1):  # n choices: n requests, each its own seed (seed + i) when one is given
-            seeded = dataclasses.replace(params, seed=params.seed + i) if params.seed is not None and i else params
-            events = dispatcher.stream(messages, seeded, scope, req.session_id, caller=scope)
-            first = await anext(events)  # a refusal (queue full, prompt too long) becomes an HTTP status
-            if isinstance(first, Failed):
-                for stream in [*streams, events]:
-                    await stream.aclose()
-                raise refusal(first)
-            streams.append(_chain(first, events))
-        completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         tools = frozenset(t.function.name for t in req.tools_offered())  # calls of these are read back out
+        turn = Turn(messages, req.sampling(defaults, grammar), tools, req.n or 1, req.session_id)
+        streams = await start(dispatcher, turn, scope)
+        completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         if req.stream:
             return StreamingResponse(sse(completion_id, model_name(), streams, bool(req.logprobs),
                                          req.include_usage, tools), media_type="text/event-stream")
         return await until_disconnected(request, complete(completion_id, model_name(), streams,
                                                           bool(req.logprobs), tools))
 
+    for dialect in DIALECTS:  # the same workers, dispatch and login in each client's own wire format
+        router.include_router(dialect.routes(edge))
     return router
 
 
@@ -135,27 +124,3 @@ async def logged_in(login: Login, request: Request) -> bool:
         return await login.user(request) is not None
     except HTTPException:  # throttled: a probe still gets the readiness
         return False
-
-
-async def until_disconnected(request: Request, reply):
-    """Await ``reply``, but cancel it (so the worker gets a Cancel and its slot frees) once the
-    client has gone: a non-streaming client that gives up must not keep a worker busy."""
-    task = asyncio.ensure_future(reply)
-    while not task.done():
-        await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-        if not task.done() and await request.is_disconnected():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            return JSONResponse({"error": openai_error("The client disconnected.", 499)}, status_code=499)
-    return task.result()
-
-
-async def _chain(first, rest: AsyncIterator) -> AsyncIterator:
-    """``first`` (already read), then the rest; closing it closes ``rest``."""
-    try:
-        yield first
-        async for event in rest:
-            yield event
-    finally:
-        await rest.aclose()

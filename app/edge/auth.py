@@ -4,7 +4,8 @@
     --auth ./users.txt           a file, one ``user:password`` per line (# comments allowed)
 
 The page uses Gradio's login form. API clients send either HTTP Basic credentials or the
-password as a bearer token (what the OpenAI SDK sends as ``api_key``). Only ``/health``'s
+password as a bearer token (what the OpenAI SDK sends as ``api_key``), or in ``x-api-key`` (what
+Anthropic's SDK sends), which counts as a bearer token. Only ``/health``'s
 readiness stays open, so a load balancer or a Space can probe it; the rest of ``/health``
 (model paths, start-up errors), ``/metrics`` (hostnames, worker pids), ``/docs`` and
 ``/openapi.json`` need a login.
@@ -86,6 +87,8 @@ async def offered(request: Request) -> Offered:
     if scheme == "bearer":
         token = await HTTPBearer(auto_error=False)(request)
         return Offered(BEARER, token.credentials if token else "")
+    if key := request.headers.get(API_KEY_HEADER):  # what Anthropic's SDK sends as its api_key: a bearer token
+        return Offered(BEARER, key)
     return Offered("", "")
 
 
@@ -97,6 +100,7 @@ def whose(creds: Credentials, offer: Offered) -> str | None:
 
 
 BEARER = None  # the user name of a bearer token's login: it names none
+API_KEY_HEADER = "x-api-key"  # Anthropic's clients' header for the key: the password, as a bearer token
 
 
 class Failures:
@@ -201,7 +205,7 @@ class Login:
         """The user the request's credentials belong to; None without credentials, or with wrong
         ones (which count against its address and the name they offer); a 429 while those are
         throttled."""
-        if not request.headers.get("authorization"):
+        if not request.headers.get("authorization") and not request.headers.get(API_KEY_HEADER):
             return None
         address, offer = client_address(request), await offered(request)
         if refused := self.throttle.refusal(address, offer.name):

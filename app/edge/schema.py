@@ -4,26 +4,20 @@ No field is ignored: each of OpenAI's chat-completions fields is honoured, accep
 informational (``INFORMATIONAL``: it changes no reply), or refused with a 400 that names it
 until it is built (``NOT_YET``); a field OpenAI does not have (nor this server as its own)
 gets a 400 naming it, as OpenAI answers. Out-of-range fields are refused with 422 by the
-request model (the limits are the ones in ``app.edge.validation``); NaN or infinity a 400 naming
-the field; a body over ``MAX_REQUEST_BYTES`` gets a 413 before it is parsed, and one that is
-not ``application/json`` a 415 before it is read: a web page may POST ``text/plain`` to
-127.0.0.1 from any site without the browser asking first, but not JSON. Every 400 about a
-field names it in the error's ``param`` (``FieldError``).
+request model (the limits are the ones in ``app.edge.validation``); how the body is read and
+what a body too large, not JSON, or NaN gets: ``app.edge.body``. Every 400 about a field names
+it in the error's ``param`` (``FieldError``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import json
 import re
 from collections.abc import Callable
 
-from fastapi import HTTPException, Request
-from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from starlette.requests import ClientDisconnect
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from app.edge.body import decode
 from app.edge.errors import FieldError
 from app.shaping.structured import ResponseFormat, response_grammar
 from app.edge.messages import MessageIn, chat_messages
@@ -33,7 +27,6 @@ from app.edge.validation import (
     MAX_LOGIT_BIAS,
     MAX_LOGPROBS,
     MAX_MESSAGES,
-    MAX_REQUEST_BYTES,
     MAX_STOP_STRINGS,
     MAX_NEW_TOKENS,
     MIN_P_RANGE,
@@ -239,68 +232,9 @@ class ChatRequest(BaseModel):
         return chat_messages(self.messages, self.tools_offered())
 
 
-def request_schema() -> dict:
-    """The request's JSON schema with its ``$defs`` written in place, for the OpenAPI document
-    (whose references resolve against the whole document, not this schema)."""
-    schema = ChatRequest.model_json_schema()
-    defs = schema.pop("$defs", {})
-
-    def inline(node):
-        if isinstance(node, dict):
-            if (ref := node.get("$ref", "")).startswith("#/$defs/"):
-                return inline({**defs[ref.removeprefix("#/$defs/")], **{k: v for k, v in node.items() if k != "$ref"}})
-            return {k: inline(v) for k, v in node.items()}
-        return [inline(v) for v in node] if isinstance(node, list) else node
-
-    return inline(schema)
-
-
-async def parse_body(request: Request) -> ChatRequest:
-    """Read at most ``MAX_REQUEST_BYTES`` (413 past that, before parsing anything), then decode
-    and validate in a thread: a megabytes-long history must not hold up the event loop (the
-    page, /health, everyone's streams) while it is parsed."""
-    check_json_type(request.headers.get("content-type", ""))
-    too_large = HTTPException(413, f"The request body is larger than {MAX_REQUEST_BYTES // 2**20} MiB; "
-                                   "send a shorter conversation.")
-    if int(request.headers.get("content-length") or 0) > MAX_REQUEST_BYTES:
-        raise too_large
-    raw = bytearray()
-    try:
-        async for part in request.stream():
-            raw += part
-            if len(raw) > MAX_REQUEST_BYTES:
-                raise too_large
-    except ClientDisconnect as exc:  # gone, or cut off by the server's body timeout: no one reads this
-        raise HTTPException(400, "The client stopped sending the request body.") from exc
-    return await asyncio.to_thread(decode_body, bytes(raw))
-
-
-def check_json_type(content_type: str) -> None:
-    """415 unless ``application/json`` (any case, a UTF-8 charset or none)."""
-    media, *params = [part.strip().lower() for part in content_type.split(";")]
-    charsets = [p.partition("=")[2].strip('"') for p in params if p.startswith("charset=")]
-    if media != "application/json" or any(c not in ("utf-8", "utf8") for c in charsets):
-        raise HTTPException(415, f"The request body must be JSON, sent with Content-Type: application/json "
-                                 f"(got {content_type[:100]!r}).")
-
-
 def decode_body(raw: bytes) -> ChatRequest:
-    """Decode and validate by hand, so a body that is not UTF-8 JSON gets a message that says so."""
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise HTTPException(400, f"The request body is not valid UTF-8 (byte {exc.start}); send UTF-8 JSON.") from exc
-    except json.JSONDecodeError as exc:
-        raise HTTPException(400, f"The request body is not valid JSON: {exc}") from exc
-    try:
-        return ChatRequest.model_validate(data)
-    except ValidationError as exc:
-        errors = exc.errors()
-        if fields := [".".join(map(str, e["loc"])) for e in errors if e["type"] == "finite_number"]:
-            raise FieldError(f"{' and '.join(fields)} must be a finite number, not NaN or infinity "
-                             f"(field '{fields[0]}').", fields[0]) from exc
-        if unknown := [".".join(map(str, e["loc"])) for e in errors if e["type"] == "extra_forbidden"]:
-            raise FieldError(f"Unrecognized request argument supplied: {', '.join(unknown)}. This server takes "
-                             "OpenAI's chat-completions fields and a few of its own (its /docs lists them); "
-                             f"remove it from the request (field '{unknown[0]}').", unknown[0]) from exc
-        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in errors]) from exc  # as FastAPI's
+    """A chat-completions body, validated (``app.edge.body.decode``)."""
+    return decode(raw, ChatRequest, CHAT_FIELDS)
+
+
+CHAT_FIELDS = "OpenAI's chat-completions fields and a few of its own"

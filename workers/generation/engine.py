@@ -39,7 +39,7 @@ from workers.generation.conversations import Conversations
 from workers.generation.detokenize import IncrementalDetokenizer, StopStrings, TokenBytes
 from workers.generation.grammar import Grammars
 from workers.generation.processors import LogitsProcessor, process, processors_for
-from workers.generation.prompt import Prompt, build_prompt, whole_prompt
+from workers.generation.prompt import Prompt, build_prompt, raw_prompt, whole_prompt
 from workers.generation.reproducible import Cuts, reproducible
 from workers.errors import InvalidInput
 from workers.protocol import ChatMessage, EngineConfig, FinishReason, Metrics, SamplingParams, TokenLogprob
@@ -126,11 +126,15 @@ class Engine:
 
     # prompt --------------------------------------------------------------------------
 
-    def prompt(self, messages: list[ChatMessage], max_new_tokens: int, enable_thinking: bool | None = None) -> Prompt:
+    def prompt(self, messages: list[ChatMessage], max_new_tokens: int, enable_thinking: bool | None = None,
+               raw: bool = False) -> Prompt:
         """The whole conversation with room for ``max_new_tokens`` (else ``PromptTooLong``); or,
         with ``context_overflow`` "drop-oldest", fitted by dropping its oldest turns, leaving the
         reply ``max_new_tokens`` but at most a quarter of the window (so a long history still
-        fits) and at least one token."""
+        fits) and at least one token. ``raw``: the one message's text is the prompt, with no
+        chat template (and no turns to drop)."""
+        if raw:
+            return raw_prompt(self.tokenizer, messages[-1].content, self.context_tokens, max(max_new_tokens, 1))
         if self.config.context_overflow == "error":
             return whole_prompt(self.tokenizer, messages, self.context_tokens, max(max_new_tokens, 1), enable_thinking)
         room = min(max_new_tokens, self.context_tokens // 4)

@@ -2,6 +2,7 @@
 
     ids = encode_chat(tokenizer, messages)                       # the chat template, safely
     prompt = whole_prompt(tokenizer, messages, window, reply)    # all of it, or PromptTooLong saying so
+    prompt = raw_prompt(tokenizer, text, window, reply)          # no chat template (legacy completions)
     prompt = build_prompt(tokenizer, messages, max_prompt_tokens)  # oldest turns dropped to fit
     prompt.ids, prompt.spans                                     # its ids, where each message's content lies
     stop = stop_token_ids(tokenizer, generation_config_eos)      # where a reply ends
@@ -134,6 +135,17 @@ def whole_prompt(tokenizer, messages: list[ChatMessage], window: int, reply_toke
     if len(prompt.ids) > limit:
         raise PromptTooLong(overflow_message(len(prompt.ids), reply_tokens, window))
     return prompt
+
+
+def raw_prompt(tokenizer, text: str, window: int, reply_tokens: int) -> Prompt:
+    """The text as the prompt itself, with no chat template: what a legacy completions client
+    (an evaluation harness, code that writes its own template) sends. Special tokens in it are
+    tokens, as llama.cpp's and vLLM's servers read them: a raw prompt has no roles to forge.
+    One span over it all, so that a kept cache is never reused up to a place inside it."""
+    ids = tokenizer(text, add_special_tokens=True).input_ids
+    if len(ids) + reply_tokens > window:
+        raise PromptTooLong(overflow_message(len(ids), reply_tokens, window))
+    return Prompt(ids, spans=((0, len(ids)),))
 
 
 def overflow_message(prompt_tokens: int, reply_tokens: int, window: int, at_least: bool = False) -> str:

@@ -88,7 +88,8 @@ class Batch:
         rid = req.request_id
         try:
             self.engine.check(req.params)  # a logit_bias id outside the vocabulary
-            prompt = self.engine.prompt(list(req.messages), req.params.max_new_tokens, req.params.enable_thinking)
+            prompt = self.engine.prompt(list(req.messages), req.params.max_new_tokens, req.params.enable_thinking,
+                                        raw=req.params.raw_prompt)
         except RequestError as exc:  # too long, refused by the chat template, bad settings: the message says why
             self.conn.send(Failed(rid, str(exc), ErrorCode(exc.code)))
             return
