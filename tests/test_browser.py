@@ -14,6 +14,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import re
 import shutil
 import threading
 import time
@@ -345,3 +346,20 @@ def test_the_chat_loads_images_from_the_app_only(app, page, beacon):
     # page, as the reply may end (and the button go) between a check and a click.
     page.evaluate("document.querySelector('button.stop-button')?.click()")
     wait_for(lambda: not page.locator("button.stop-button").is_visible(), 30)
+
+
+def test_a_conversation_past_the_window_is_told_how_long_it_is_and_what_to_do(app, page):
+    """Nothing is cut silently: a message longer than the model's context window gets a reply
+    that says how many tokens the conversation needs, what the window holds, and how to
+    shorten it; and the chat goes on once it is cleared."""
+    clear = page.get_by_role("button", name="Clear").first
+    if clear.is_visible():
+        clear.click()
+    send(page, "word " * 5000)  # ~5,000 tokens: past the bundled model's 4,096 (max_context_tokens)
+    told = wait_for(lambda: "context window" in last_reply(page) and last_reply(page), timeout_s=60)
+    assert "The conversation is too long for this model" in told
+    assert re.search(r"it needs at least [\d,]+ tokens", told) and "context window holds 4096" in told
+    assert "start a new chat" in told
+    page.get_by_role("button", name="Clear").first.click()
+    send(page, CAPITAL)
+    assert wait_for(lambda: "tokens/s" in last_reply(page) and last_reply(page), timeout_s=60)
