@@ -35,6 +35,7 @@ BENCHMARKS = {  # name → (module, what it measures)
     "oracle": ("benchmarks.oracle_bench", "the timing side of the cache oracle"),
     "backend": ("benchmarks.backend_bench", "the Ray backend against the local pool"),
     "layouts": ("benchmarks.layout_bench", "every split of the cores among workers, timed as served"),
+    "dialects": ("benchmarks.dialect_bench", "time to first token through each client dialect's edge"),
     "app-choice": ("benchmarks.app_choice", "what the app itself would serve a model on, here"),
 }
 

@@ -5,6 +5,7 @@
     GET  /health                readiness; and (with --auth: to a logged-in caller) the model,
                                 start-up stage or error, each worker's pid, cores, threads, state
     GET  /docs, /openapi.json   the API's documentation (with --auth: to a logged-in caller)
+    ...                         each other client's dialect: app.edge.dialects (``DIALECTS``)
 
 What a client may send is ``app.edge.schema``'s (also the OpenAPI document's request body,
 so ``/docs`` shows it); a message the model cannot take gets 400;
