@@ -157,6 +157,7 @@ class Done:
     request_id: str
     finish_reason: FinishReason
     metrics: Metrics = field(default_factory=lambda: Metrics(worker=-1))
+    stop_sequence: str | None = None  # the client's stop string that ended the reply (its text never shows it)
 
 
 class ErrorCode(str, enum.Enum):

@@ -62,16 +62,18 @@ class StopStrings:
         self._stops = tuple(s for s in stops if s)
         self._held = ""
         self.stopped = False  # a stop string was found: nothing more is shown
+        self.matched: str | None = None  # the one found (Anthropic's ``stop_sequence`` names it)
 
     def push(self, text: str) -> tuple[str, bool]:
         """New text → (the part now safe to show, whether a stop string ended the reply)."""
         if self.stopped or not self._stops:
             return ("" if self.stopped else text), self.stopped
         buffer = self._held + text
-        hits = [i for stop in self._stops if (i := buffer.find(stop)) >= 0]
+        hits = [(i, stop) for stop in self._stops if (i := buffer.find(stop)) >= 0]
         if hits:
+            at, self.matched = min(hits)
             self._held, self.stopped = "", True
-            return buffer[: min(hits)], True
+            return buffer[:at], True
         hold = max((k for stop in self._stops for k in range(1, len(stop)) if buffer.endswith(stop[:k])), default=0)
         self._held = buffer[len(buffer) - hold :]
         return buffer[: len(buffer) - hold], False

@@ -59,6 +59,7 @@ class Finished:
     reason: FinishReason
     metrics: Metrics
     tail_text: str = ""  # text held back until the end (an incomplete character)
+    stop_sequence: str | None = None  # the client's stop string that ended the reply (not in its text)
 
 
 @dataclass
@@ -346,4 +347,4 @@ class Engine:
             accepted_tokens=seq.draft.accepted if seq.draft else 0,
         )
         tail, _ = seq.stop_strings.push(seq.detok.flush())
-        return Finished(reason, metrics, tail + seq.stop_strings.flush())
+        return Finished(reason, metrics, tail + seq.stop_strings.flush(), seq.stop_strings.matched)

@@ -218,7 +218,7 @@ class Batch:
             return
         if end.tail_text or seq.unsent_logprobs:
             self.conn.send(Chunk(seq.key, end.tail_text, end.metrics.completion_tokens, self._logprobs(seq)))
-        self.conn.send(Done(seq.key, end.reason, end.metrics))
+        self.conn.send(Done(seq.key, end.reason, end.metrics, end.stop_sequence))
 
 
 class BeatingConn:
