@@ -137,6 +137,25 @@ def test_long_history_drops_the_oldest_turns_and_says_so(app):
     assert r.json()["usage"]["prompt_tokens"] <= 4096
 
 
+def long_history() -> list[dict]:
+    messages = []
+    for i in range(60):
+        messages += [{"role": "user", "content": f"Tell me fact number {i} about the ocean. " * 8},
+                     {"role": "assistant", "content": f"Fact {i}: the ocean is deep and wide. " * 8}]
+    return messages + [{"role": "user", "content": CAPITAL}]
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/messages", {"model": "any", "max_tokens": 16, "temperature": 0}),
+    ("/api/chat", {"model": "any", "stream": False, "options": {"num_predict": 16, "temperature": 0}}),
+])
+def test_every_dialect_says_when_old_turns_were_left_out(app, path, body):
+    """With drop-oldest, an answer and the notice, in each dialect's reply: never cut silently."""
+    r = httpx.post(app.url + path, json={**body, "messages": long_history()}, timeout=120)
+    assert r.status_code == 200, r.text
+    assert any("oldest" in n and "left out" in n for n in r.json()["notices"])
+
+
 # --- stop means stop -----------------------------------------------------------------
 
 
