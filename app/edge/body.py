@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import TypeVar
 
 from fastapi import HTTPException, Request
@@ -20,10 +21,11 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
-from app.edge.errors import FieldError
-from app.edge.validation import MAX_REQUEST_BYTES
+from app.edge.errors import FieldError, invalid_fields
+from app.edge.validation import MAX_REQUEST_BYTES, InvalidInput
 
 Model = TypeVar("Model", bound=BaseModel)
+Result = TypeVar("Result")
 
 
 async def parse_body(request: Request, model: type[Model], fields: str) -> Model:
@@ -43,6 +45,25 @@ async def parse_body(request: Request, model: type[Model], fields: str) -> Model
     except ClientDisconnect as exc:  # gone, or cut off by the server's body timeout: no one reads this
         raise HTTPException(400, "The client stopped sending the request body.") from exc
     return await asyncio.to_thread(decode, bytes(raw), model, fields)
+
+
+async def parse_body_400(request: Request, model: type[Model], fields: str) -> Model:
+    """``parse_body``, with an out-of-range field a 400 naming it too: for the dialects whose
+    APIs answer every bad request so (Anthropic's, Ollama's: they have no 422)."""
+    try:
+        return await parse_body(request, model, fields)
+    except RequestValidationError as exc:
+        named, param, _ = invalid_fields(exc)
+        raise FieldError(named, param or "body") from exc
+
+
+async def translated(work: Callable[[], Result]) -> Result:
+    """``work()`` (a translation to the internal request: cleaning megabytes, maybe, and
+    compiling a schema) off the event loop; what the model cannot take is a 400 saying why."""
+    try:
+        return await asyncio.to_thread(work)
+    except InvalidInput as exc:
+        raise HTTPException(400, str(exc)) from exc
 
 
 def check_json_type(content_type: str) -> None:

@@ -230,9 +230,11 @@ class Reply:
     done: Done
 
 
-async def whole(streams: list[AsyncIterator], tools: frozenset[str] = frozenset()) -> tuple[list[Reply], list[str]]:
+async def whole(streams: list[AsyncIterator], tools: frozenset[str] = frozenset(),
+                raw: bool = False) -> tuple[list[Reply], list[str]]:
     """Every choice's reply, and the notices (each once: the same for every choice). A failure
-    is the ``HTTPException`` its code maps to; a client gone cancels every choice's worker."""
+    is the ``HTTPException`` its code maps to; a client gone cancels every choice's worker.
+    ``raw``: the text as the model wrote it, no thinking split out (a legacy completion)."""
     texts: list[list[str]] = [[] for _ in streams]
     tokens: list[list[TokenLogprob]] = [[] for _ in streams]
     notices: list[str] = []
@@ -255,7 +257,7 @@ async def whole(streams: list[AsyncIterator], tools: frozenset[str] = frozenset(
         raise HTTPException(500, "the generation ended without a result")
     replies = []
     for text, toks, done in zip(texts, tokens, dones, strict=True):
-        thinking, answer = split_thinking("".join(text))
+        thinking, answer = ("", "".join(text)) if raw else split_thinking("".join(text))
         answer, calls = split_calls(answer, tools) if tools else (answer, [])
         replies.append(Reply(thinking.strip(), answer, tuple(calls), tuple(toks), done))
     return replies, notices

@@ -17,21 +17,19 @@ a 400 naming the field, as Anthropic answers (its API has no 422). What goes bac
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import uuid
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from app.edge.body import openapi_body, parse_body
+from app.edge.body import openapi_body, parse_body_400, translated
 from app.edge.context import Edge
 from app.edge.dialects.anthropic_stream import anthropic_error, events, message
-from app.edge.errors import FieldError, invalid_fields, shaped_errors
+from app.edge.errors import FieldError, shaped_errors
 from app.edge.messages import MessageIn, chat_messages
 from app.edge.turn import Turn, start, until_disconnected
 from app.edge.validation import (
@@ -42,7 +40,6 @@ from app.edge.validation import (
     TEMPERATURE_RANGE,
     TOP_K_RANGE,
     TOP_P_RANGE,
-    InvalidInput,
 )
 from app.shaping.tools import FunctionDef, NamedChoice, ToolChoice, ToolDef, offered, tool_grammar
 from workers.generation.prompt import encode_chat
@@ -286,29 +283,12 @@ def _message(where: str, **fields) -> MessageIn:
         raise FieldError(f"{exc.errors()[0]['msg']} (field '{where}').", where) from exc
 
 
-async def read(request: Request, model: type[CountRequest]) -> CountRequest:
-    """The body, or a 400 naming the field at fault: Anthropic answers every bad request so."""
-    try:
-        return await parse_body(request, model, FIELDS)
-    except RequestValidationError as exc:
-        named, param, _ = invalid_fields(exc)
-        raise FieldError(named, param or "body") from exc
-
-
-async def translated(work):
-    """``work()`` off the event loop; what the model cannot take is a 400 saying why."""
-    try:
-        return await asyncio.to_thread(work)
-    except InvalidInput as exc:
-        raise HTTPException(400, str(exc)) from exc
-
-
 def routes(edge: Edge) -> APIRouter:
     router = APIRouter(route_class=shaped_errors(anthropic_error))
 
     @router.post("/v1/messages", openapi_extra=openapi_body(MessagesRequest))  # the body is read by hand
     async def messages(request: Request, scope: str = Depends(edge.scope_of)):
-        req = await read(request, MessagesRequest)
+        req = await parse_body_400(request, MessagesRequest, FIELDS)
         turn = await translated(lambda: req.turn(edge.defaults))
         streams = await start(edge.dispatcher, turn, scope)  # refused (busy, too long): an error, not a stream
         message_id = f"msg_{uuid.uuid4().hex}"
@@ -321,7 +301,7 @@ def routes(edge: Edge) -> APIRouter:
                  dependencies=[Depends(edge.scope_of)])
     async def count_tokens(request: Request) -> dict:
         """The prompt's tokens as the worker renders it: the chat template, the tools described."""
-        req = await read(request, CountRequest)
+        req = await parse_body_400(request, CountRequest, FIELDS)
         chat = await translated(lambda: req.chat_messages(req.tools_offered()))
         tokenizer = await edge.tokenizer()
         ids = await translated(lambda: encode_chat(tokenizer, chat, req.thinking_switch()))

@@ -24,7 +24,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
@@ -32,10 +32,10 @@ from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.requests import Queued
 from app.edge.body import openapi_body, parse_body
 from app.edge.context import Edge
-from app.edge.errors import FieldError, refusal
+from app.edge.errors import FieldError
 from app.edge.replies import reply_metrics, usage
 from app.edge.schema import TOKEN_ID, StreamOptions
-from app.edge.turn import Turn, merged, start, until_disconnected
+from app.edge.turn import Turn, merged, start, until_disconnected, whole
 from app.edge.validation import (
     LOGIT_BIAS_RANGE,
     MAX_LOGIT_BIAS,
@@ -202,30 +202,12 @@ class Choices:
 
 
 async def complete(reply: Choices, streams: list[AsyncIterator]) -> JSONResponse:
-    """Every choice whole; a failure is the ``HTTPException`` its code maps to."""
-    texts: list[list[str]] = [[] for _ in streams]
-    tokens: list[list[TokenLogprob]] = [[] for _ in streams]
-    dones: list[Done | None] = [None] * len(streams)
-    notices: list[str] = []
-    events = merged(streams)
-    try:
-        async for index, event in events:
-            if isinstance(event, Chunk):
-                texts[index].append(event.text)
-                tokens[index] += event.logprobs
-            elif isinstance(event, Notice) and event.text not in notices:
-                notices.append(event.text)
-            elif isinstance(event, Failed):
-                raise refusal(event)
-            elif isinstance(event, Done):
-                dones[index] = event
-    finally:
-        await events.aclose()
-    if None in dones:
-        raise HTTPException(500, "the generation ended without a result")
-    choices = [choice(i, reply.prefix(i) + "".join(texts[i]),
-                      legacy_logprobs(tokens[i], 0) if reply.logprobs else None, done.finish_reason.value)
-               for i, done in enumerate(dones)]
+    """Every choice whole, as the model wrote it; a failure is the ``HTTPException`` its code maps to."""
+    replies, notices = await whole(streams, raw=True)
+    dones = [r.done for r in replies]
+    choices = [choice(i, reply.prefix(i) + r.content, legacy_logprobs(list(r.tokens), 0) if reply.logprobs else None,
+                      r.done.finish_reason.value)
+               for i, r in enumerate(replies)]
     return JSONResponse(body(reply.completion_id, reply.model, choices, usage=counted(dones, reply.n),
                              metrics=reply_metrics(dones[0]), notices=notices))
 

@@ -29,16 +29,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from fastapi import APIRouter, Depends, HTTPException, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from app.edge.body import openapi_body, parse_body
+from app.edge.body import openapi_body, parse_body_400, translated
 from app.edge.context import Edge
-from app.edge.dialects.ollama_models import ChatRequest, Common, GenerateRequest, ShowRequest
-from app.edge.errors import FieldError, invalid_fields, shaped_errors
+from app.edge.dialects.ollama_models import ChatRequest, GenerateRequest, ShowRequest
+from app.edge.errors import shaped_errors
 from app.edge.replies import reply_metrics, token_logprobs
 from app.edge.turn import Broke, Called, Ended, Said, Told, Waiting, pieces, start, until_disconnected, whole
-from app.edge.validation import InvalidInput
 from app.shaping.tool_calls import Call
 from workers.loading.resolve import ResolvedModel
 from workers.protocol import Done, SamplingParams, TokenLogprob
@@ -203,23 +201,6 @@ async def whole_reply(face: Face, streams: list[AsyncIterator], tools: frozenset
 
 # --- the routes --------------------------------------------------------------------------
 
-async def read(request: Request, model: type[Common] | type[ShowRequest]):
-    """The body, or a 400 naming the field at fault: Ollama has no 422."""
-    try:
-        return await parse_body(request, model, FIELDS)
-    except RequestValidationError as exc:
-        named, param, _ = invalid_fields(exc)
-        raise FieldError(named, param or "body") from exc
-
-
-async def translated(work):
-    """``work()`` off the event loop; what the model cannot take is a 400 saying why."""
-    try:
-        return await asyncio.to_thread(work)
-    except InvalidInput as exc:
-        raise HTTPException(400, str(exc)) from exc
-
-
 def routes(edge: Edge) -> APIRouter:
     router = APIRouter(route_class=shaped_errors(ollama_error))
     login = [Depends(edge.scope_of)]
@@ -261,7 +242,7 @@ def routes(edge: Edge) -> APIRouter:
 
     @router.post("/api/show", dependencies=login, openapi_extra=openapi_body(ShowRequest))
     async def show(request: Request) -> dict:
-        await read(request, ShowRequest)  # any name: one model is served
+        await parse_body_400(request, ShowRequest, FIELDS)  # any name: one model is served
         return {k: v for k, v in (await card()).items() if k != "listed"}
 
     @router.get("/api/ps", dependencies=login)
@@ -275,11 +256,11 @@ def routes(edge: Edge) -> APIRouter:
     @router.post("/api/chat", openapi_extra=openapi_body(ChatRequest))  # the body is read by hand
     async def chat(request: Request, scope: str = Depends(edge.scope_of)):
         started = time.monotonic_ns()
-        return await reply(request, await read(request, ChatRequest), scope, started)
+        return await reply(request, await parse_body_400(request, ChatRequest, FIELDS), scope, started)
 
     @router.post("/api/generate", openapi_extra=openapi_body(GenerateRequest))
     async def generate(request: Request, scope: str = Depends(edge.scope_of)):
         started = time.monotonic_ns()
-        return await reply(request, await read(request, GenerateRequest), scope, started)
+        return await reply(request, await parse_body_400(request, GenerateRequest, FIELDS), scope, started)
 
     return router

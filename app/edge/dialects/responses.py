@@ -19,17 +19,16 @@ app's own handlers). What goes back: ``app.edge.dialects.responses_stream``.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import time
 import uuid
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, ValidationError
 
-from app.edge.body import openapi_body, parse_body
+from app.edge.body import openapi_body, parse_body, translated
 from app.edge.context import Edge
 from app.edge.dialects.responses_stream import events, reply
 from app.edge.errors import FieldError
@@ -41,7 +40,6 @@ from app.edge.validation import (
     MAX_NEW_TOKENS,
     TEMPERATURE_RANGE,
     TOP_P_RANGE,
-    InvalidInput,
 )
 from app.shaping.structured import ANY_OBJECT, json_grammar
 from app.shaping.tools import FunctionDef, NamedChoice, ToolChoice, ToolDef, offered, tool_grammar
@@ -324,14 +322,6 @@ def _message(where: str, **fields) -> MessageIn:
         raise FieldError(f"{exc.errors()[0]['msg']} (field '{where}').", where) from exc
 
 
-async def translated(request: ResponsesRequest, defaults: SamplingParams) -> tuple[Turn, list[str]]:
-    """``request.turn`` off the event loop; what the model cannot take is a 400 saying why."""
-    try:
-        return await asyncio.to_thread(request.turn, defaults)
-    except InvalidInput as exc:
-        raise HTTPException(400, str(exc)) from exc
-
-
 def routes(edge: Edge) -> APIRouter:
     router = APIRouter()  # errors in OpenAI's shape: the app's own handlers (app.edge.errors.http_error)
 
@@ -339,7 +329,7 @@ def routes(edge: Edge) -> APIRouter:
     async def responses(request: Request, scope: str = Depends(edge.scope_of)):
         req = await parse_body(request, ResponsesRequest, FIELDS)
         req.refuse_stateful()
-        turn, notices = await translated(req, edge.defaults)
+        turn, notices = await translated(lambda: req.turn(edge.defaults))
         streams = await start(edge.dispatcher, turn, scope)  # refused (busy, too long): an error, not a stream
         head = {"id": f"resp_{uuid.uuid4().hex}", "object": "response", "created_at": int(time.time()),
                 "model": edge.model_name(), **req.echo(turn.params)}
