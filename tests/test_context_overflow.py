@@ -29,10 +29,10 @@ def test_a_message_past_the_window_gets_the_code_and_the_numbers(client):
 
 
 def test_the_reply_asked_for_counts_against_the_window_too(client):
-    """A prompt that fits with a short reply but not with the one asked for is refused, not
-    given a reply cut short of what was asked."""
-    prompt = "word " * 2500
+    """A prompt that fits with a short reply but not with the room the one asked for needs (up
+    to a quarter of the window: 1024 tokens here) is refused, not given a reply cut short."""
+    prompt = "word " * 3500
     assert ask(client, prompt, 8).choices[0].finish_reason in ("stop", "length")
     with pytest.raises(openai.BadRequestError) as refused:
         ask(client, prompt, 2048)
-    assert refused.value.code == "context_length_exceeded" and "2048 for the reply" in refused.value.body["message"]
+    assert refused.value.code == "context_length_exceeded" and "1024 for the reply" in refused.value.body["message"]

@@ -129,17 +129,18 @@ class Engine:
 
     def prompt(self, messages: list[ChatMessage], max_new_tokens: int, enable_thinking: bool | None = None,
                raw: bool = False) -> Prompt:
-        """The whole conversation with room for ``max_new_tokens`` (else ``PromptTooLong``); or,
-        with ``context_overflow`` "drop-oldest", fitted by dropping its oldest turns, leaving the
-        reply ``max_new_tokens`` but at most a quarter of the window (so a long history still
-        fits) and at least one token. ``raw``: the one message's text is the prompt, with no
-        chat template (and no turns to drop)."""
+        """The whole conversation with room for the reply (else ``PromptTooLong``): its
+        ``max_new_tokens``, but at most a quarter of the window (a model with a short window and
+        a default of 512 new tokens must still take a prompt; the reply is then cut at the
+        window, with finish_reason "length") and at least one token. With ``context_overflow``
+        "drop-oldest", fitted instead by dropping its oldest turns. ``raw``: the one message's
+        text is the prompt, with no chat template (and no turns to drop)."""
+        room = max(min(max_new_tokens, self.context_tokens // 4), 1)
         if raw:
-            return raw_prompt(self.tokenizer, messages[-1].content, self.context_tokens, max(max_new_tokens, 1))
+            return raw_prompt(self.tokenizer, messages[-1].content, self.context_tokens, room)
         if self.config.context_overflow == "error":
-            return whole_prompt(self.tokenizer, messages, self.context_tokens, max(max_new_tokens, 1), enable_thinking)
-        room = min(max_new_tokens, self.context_tokens // 4)
-        return build_prompt(self.tokenizer, messages, self.context_tokens - max(room, 1), enable_thinking)
+            return whole_prompt(self.tokenizer, messages, self.context_tokens, room, enable_thinking)
+        return build_prompt(self.tokenizer, messages, self.context_tokens - room, enable_thinking)
 
     # memory ---------------------------------------------------------------------------
 
