@@ -32,7 +32,8 @@ Quantize = Literal["int8", "int4", "none"]  # "int8": int8 weights allowed where
 Engine = Literal["auto", "lean", "ort", "hf"]  # "auto": lean or ort, measured; "hf": transformers (any model)
 KvDtype = Literal["auto", "float32", "bfloat16", "float16", "int8"]  # the KV cache's; "auto": measured
 Speculation = Literal["auto", "off"]  # prompt-lookup drafts: "auto": where measured to pay (workers.generation.speculation)
-ContextOverflow = Literal["error", "drop-oldest"]  # a conversation past the window: refused, or its oldest turns left out
+# a conversation past the context window: refused, or its oldest turns left out
+ContextOverflow = Literal["error", "drop-oldest"]
 Backend = Literal["local", "ray"]  # "ray": workers are Ray actors (requirements-ray.txt)
 LogLevel = Literal["debug", "info", "warning", "error"]
 

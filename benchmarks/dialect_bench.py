@@ -66,7 +66,8 @@ def dialects(render: Callable[[str], str]) -> dict[str, tuple[str, Callable[[str
     """name → (path, the body for a question's text)."""
     return {
         "chat-completions": ("/v1/chat/completions", chat_body),
-        "anthropic messages": ("/v1/messages", lambda t: {"model": "local", "messages": [{"role": "user", "content": t}],
+        "anthropic messages": ("/v1/messages", lambda t: {"model": "local",
+                                                          "messages": [{"role": "user", "content": t}],
                                                           "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True}),
         "responses": ("/v1/responses", lambda t: {"input": t, "max_output_tokens": MAX_TOKENS, "temperature": 0,
                                                   "stream": True}),

@@ -16,8 +16,8 @@ from fastapi.routing import APIRoute
 
 from workers.protocol import ErrorCode, Failed
 
-STATUS_FOR = {ErrorCode.INVALID_REQUEST: 400, ErrorCode.CONTEXT_LENGTH: 400, ErrorCode.BUSY: 503, ErrorCode.TOO_MANY: 429,
-              ErrorCode.UNAVAILABLE: 503, ErrorCode.INTERNAL: 500}
+STATUS_FOR = {ErrorCode.INVALID_REQUEST: 400, ErrorCode.CONTEXT_LENGTH: 400, ErrorCode.BUSY: 503,
+              ErrorCode.TOO_MANY: 429, ErrorCode.UNAVAILABLE: 503, ErrorCode.INTERNAL: 500}
 RETRY_AFTER_S = {ErrorCode.BUSY: 5, ErrorCode.TOO_MANY: 5}  # tells a client when trying again makes sense
 NAMED_FIELD = re.compile(r"\(field '([^']+)'\)")  # how a refusal's message names its field
 
@@ -69,7 +69,8 @@ def shaped_errors(shape: ErrorShape) -> type[APIRoute]:
                 try:
                     return await handler(request)
                 except HTTPException as exc:
-                    body = shape(str(exc.detail), exc.status_code, getattr(exc, "param", None), getattr(exc, "code", None))
+                    body = shape(str(exc.detail), exc.status_code, getattr(exc, "param", None),
+                                 getattr(exc, "code", None))
                     return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
                 except RequestValidationError as exc:
                     named, param, _ = invalid_fields(exc)

@@ -118,10 +118,12 @@ async def sse(completion_id: str, model_name: str, streams: list[AsyncIterator],
         elif isinstance(piece, Told):
             yield chunk(piece.index, {}, notice=piece.text)
         elif isinstance(piece, Broke):
-            yield f"data: {json.dumps({'error': {'message': piece.failed.message, 'type': piece.failed.code.value}})}\n\n"
+            error = {"message": piece.failed.message, "type": piece.failed.code.value}
+            yield f"data: {json.dumps({'error': error})}\n\n"
         elif isinstance(piece, Ended):
             dones.append(piece.done)
-            yield chunk(piece.index, {}, finish_reason(piece.done, list(piece.calls)), metrics=reply_metrics(piece.done))
+            yield chunk(piece.index, {}, finish_reason(piece.done, list(piece.calls)),
+                        metrics=reply_metrics(piece.done))
     if include_usage and len(dones) == len(streams):
         yield event_data([], usage=usage(dones))
     yield "data: [DONE]\n\n"

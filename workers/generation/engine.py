@@ -130,11 +130,9 @@ class Engine:
     def prompt(self, messages: list[ChatMessage], max_new_tokens: int, enable_thinking: bool | None = None,
                raw: bool = False) -> Prompt:
         """The whole conversation with room for the reply (else ``PromptTooLong``): its
-        ``max_new_tokens``, but at most a quarter of the window (a model with a short window and
-        a default of 512 new tokens must still take a prompt; the reply is then cut at the
-        window, with finish_reason "length") and at least one token. With ``context_overflow``
-        "drop-oldest", fitted instead by dropping its oldest turns. ``raw``: the one message's
-        text is the prompt, with no chat template (and no turns to drop)."""
+        ``max_new_tokens``, at least one token and at most a quarter of the window (a short window
+        must still take a prompt; the reply is cut at the window). ``context_overflow``
+        "drop-oldest": fitted by dropping old turns instead. ``raw``: the text, no template."""
         room = max(min(max_new_tokens, self.context_tokens // 4), 1)
         if raw:
             return raw_prompt(self.tokenizer, messages[-1].content, self.context_tokens, room)

@@ -123,7 +123,8 @@ class Blocks:
         return out
 
 
-async def events(message_id: str, model: str, streams: list[AsyncIterator], tools: frozenset[str]) -> AsyncIterator[str]:
+async def events(message_id: str, model: str, streams: list[AsyncIterator],
+                 tools: frozenset[str]) -> AsyncIterator[str]:
     """The message as Anthropic's named events; a client that disconnects cancels the worker."""
     yield sse("message_start", {"message": {**head(message_id, model), "content": [], "stop_reason": None,
                                             "stop_sequence": None,
