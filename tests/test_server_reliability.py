@@ -148,10 +148,12 @@ def long_history() -> list[dict]:
 @pytest.mark.parametrize("path, body", [
     ("/v1/messages", {"model": "any", "max_tokens": 16, "temperature": 0}),
     ("/api/chat", {"model": "any", "stream": False, "options": {"num_predict": 16, "temperature": 0}}),
+    ("/v1/responses", {"max_output_tokens": 16, "temperature": 0}),
 ])
 def test_every_dialect_says_when_old_turns_were_left_out(app, path, body):
     """With drop-oldest, an answer and the notice, in each dialect's reply: never cut silently."""
-    r = httpx.post(app.url + path, json={**body, "messages": long_history()}, timeout=120)
+    conversation = {"input" if path == "/v1/responses" else "messages": long_history()}
+    r = httpx.post(app.url + path, json={**body, **conversation}, timeout=120)
     assert r.status_code == 200, r.text
     assert any("oldest" in n and "left out" in n for n in r.json()["notices"])
 
