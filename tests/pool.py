@@ -25,7 +25,7 @@ def two_single_core_layouts():
 class Pool:
     def __init__(self, engine: EngineSpec, max_queue: int = 64, wait_ready: bool = True, max_batch: int = 4,
                  layouts: list | None = None, kv_cache_bytes: int | None = None,
-                 pool_factory=ProcessPool) -> None:
+                 pool_factory=ProcessPool, context_overflow: str = "error") -> None:
         """``engine``: what every worker loads (the app's lean decoder, mostly).
         ``layouts``: the workers (default: two single-core ones); ``kv_cache_bytes``: each one's
         KV memory budget (default: the config's); ``pool_factory``: as ``app.pool.backends`` makes it."""
@@ -34,7 +34,8 @@ class Pool:
         self.thread.start()
         config = load_config()
         engine_config = EngineConfig(max_context_tokens=config.max_context_tokens,
-                                     kv_cache_bytes=kv_cache_bytes or config.kv_cache_mb * 2**20)
+                                     kv_cache_bytes=kv_cache_bytes or config.kv_cache_mb * 2**20,
+                                     context_overflow=context_overflow)
         self.dispatcher = Dispatcher(DispatcherConfig(layouts or two_single_core_layouts(), max_batch, max_queue,
                                                       engine_config, engine), pool_factory=pool_factory)
         self.run(self._start(until_ready=wait_ready), timeout=240)

@@ -20,7 +20,8 @@ from tests.flood import ANSWERED, REFUSED, flood_body, run_flood
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
-    with running_app(tmp_path_factory.mktemp("flood"), "--model", "bundled", "--workers", "1") as running:
+    with running_app(tmp_path_factory.mktemp("flood"), "--model", "bundled", "--workers", "1",
+                     "--context-overflow", "drop-oldest") as running:  # huge histories are served, cut to fit
         yield running
 
 

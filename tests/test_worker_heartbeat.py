@@ -31,7 +31,8 @@ SHORT = SamplingParams(temperature=0.0, max_new_tokens=24)
 @pytest.fixture(scope="module")
 def pool(bundled_source):
     config = load_config(overrides={"heartbeat_timeout_s": TIMEOUT_S})
-    pool = Pool(bundled_source, layouts=two_single_core_layouts()[:1], pool_factory=pool_factory(config))
+    pool = Pool(bundled_source, layouts=two_single_core_layouts()[:1], pool_factory=pool_factory(config),
+                context_overflow="drop-oldest")  # a history past the window: the longest prefill there is
     yield pool
     pool.close()
 
