@@ -24,6 +24,7 @@ class Edge:
     defaults: SamplingParams
     scope_of: Callable[..., Awaitable[str]]  # a FastAPI dependency: the caller's scope (``app.edge.auth.caller_scope``)
     _tokenizers: dict = field(default_factory=dict, repr=False)
+    _windows: dict = field(default_factory=dict, repr=False)
 
     def model_name(self) -> str:
         return self.startup.model.name if self.startup.model else "(being prepared)"
@@ -31,15 +32,16 @@ class Edge:
     def context_window(self) -> int | None:
         """Tokens a prompt and its reply may take together: the model's own window, capped by
         ``max_context_tokens`` (what the workers fit prompts into); None until the model is known."""
-        cap = self.dispatcher.config.engine_config.max_context_tokens
-        if self.startup.model is None:
+        cap, model = self.dispatcher.config.engine_config.max_context_tokens, self.startup.model
+        if model is None:
             return None
-        config = Path(self.startup.model.path) / "config.json"
-        try:
-            own = json.loads(config.read_text()).get("max_position_embeddings")
-        except (OSError, ValueError):
-            own = None
-        return min(own, cap) if isinstance(own, int) and own > 0 else cap
+        if model.path not in self._windows:  # read once per model, not on every request
+            try:
+                own = json.loads((Path(model.path) / "config.json").read_text()).get("max_position_embeddings")
+            except (OSError, ValueError):
+                own = None
+            self._windows[model.path] = min(own, cap) if isinstance(own, int) and own > 0 else cap
+        return self._windows[model.path]
 
     async def tokenizer(self):
         """The served model's tokenizer, for counting a prompt's tokens without a worker

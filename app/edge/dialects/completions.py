@@ -30,7 +30,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 
 from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.requests import Queued
-from app.edge.body import openapi_body, parse_body
+from app.edge.body import openapi_body, parse_body, translated
 from app.edge.context import Edge
 from app.edge.errors import FieldError
 from app.edge.replies import reply_metrics, usage
@@ -253,7 +253,7 @@ def routes(edge: Edge) -> APIRouter:
     async def completions(request: Request, scope: str = Depends(edge.scope_of)):
         req = await parse_body(request, CompletionRequest, FIELDS)
         req.refuse_unsupported()
-        turns = req.turns(edge.defaults)
+        turns = await translated(lambda: req.turns(edge.defaults))  # cleans megabytes, maybe: off the loop
         streams = await started(edge.dispatcher, turns, scope)  # refused (busy, too long): an error, not a stream
         reply = Choices(f"cmpl-{uuid.uuid4().hex}", edge.model_name(), [t.messages[0].content for t in turns],
                       req.n or 1, bool(req.echo), req.logprobs is not None)
