@@ -103,3 +103,12 @@ def test_a_prompt_past_the_window_is_refused_saying_so(client):
         client.completions.create(prompt="word " * 5000, **GREEDY)
     assert "The conversation is too long for this model" in caught.value.message
     assert caught.value.code == "context_length_exceeded"
+
+
+def test_logit_bias_forces_a_token_and_a_bad_key_is_refused_by_name(client, bundled_tokenizer):
+    (zebra,) = bundled_tokenizer(" zebra", add_special_tokens=False).input_ids
+    forced = client.completions.create(prompt=PROMPT, logit_bias={str(zebra): 100}, **GREEDY).choices[0]
+    assert forced.text == " zebra" * 8
+    with pytest.raises(openai.UnprocessableEntityError) as refused:
+        client.completions.create(prompt=PROMPT, logit_bias={"zebra": 1}, **GREEDY)
+    assert refused.value.body["param"] == "logit_bias" and "token ids" in refused.value.message

@@ -14,8 +14,9 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Callable
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from app.edge.body import decode
 from app.edge.errors import FieldError
@@ -39,6 +40,25 @@ from app.edge.validation import (
 from workers.protocol import ChatMessage, SamplingParams
 
 TOKEN_ID = re.compile(r"[0-9]{1,9}")  # a logit_bias key
+
+
+def _biases(value: dict[str, float] | None) -> dict[str, float] | None:
+    """Keys are token ids, as strings (JSON's keys are); whether the model has them, only a
+    worker can tell (``Engine.check``: a 400)."""
+    if value is None:
+        return None
+    if len(value) > MAX_LOGIT_BIAS:
+        raise ValueError(f"logit_bias takes at most {MAX_LOGIT_BIAS} tokens, not {len(value)}")
+    low, high = LOGIT_BIAS_RANGE
+    for key, bias in value.items():
+        if not TOKEN_ID.fullmatch(key):
+            raise ValueError(f"logit_bias keys are token ids, strings of digits such as \"1234\", not {key[:40]!r}")
+        if not low <= bias <= high:
+            raise ValueError(f"logit_bias of token {key} is {bias}; a bias is from {low} to {high}")
+    return value
+
+
+LogitBias = Annotated[dict[str, float] | None, AfterValidator(_biases)]  # chat-completions' and completions'
 
 
 class StreamOptions(BaseModel):
@@ -92,7 +112,7 @@ class ChatRequest(BaseModel):
                                            description="subtracted from the logit of each token the reply has had")
     frequency_penalty: float | None = Field(None, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1],
                                             description="subtracted once per time the reply has had a token")
-    logit_bias: dict[str, float] | None = Field(
+    logit_bias: LogitBias = Field(
         None, description=f"token id (a string of digits) → added to its logit, {LOGIT_BIAS_RANGE[0]:g} to "
                           f"{LOGIT_BIAS_RANGE[1]:g}")
     logprobs: bool | None = None
@@ -142,23 +162,6 @@ class ChatRequest(BaseModel):
         if stops is not None and (len(stops) > MAX_STOP_STRINGS or any(not s or len(s) > 200 for s in stops)):
             raise ValueError(f"stop takes up to {MAX_STOP_STRINGS} non-empty strings of at most 200 characters")
         return stops
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _biases(cls, value):
-        """Keys are token ids, as strings (JSON's keys are); whether the model has them, only a
-        worker can tell (``Engine.check``: a 400)."""
-        if value is None:
-            return None
-        if len(value) > MAX_LOGIT_BIAS:
-            raise ValueError(f"logit_bias takes at most {MAX_LOGIT_BIAS} tokens, not {len(value)}")
-        low, high = LOGIT_BIAS_RANGE
-        for key, bias in value.items():
-            if not TOKEN_ID.fullmatch(key):
-                raise ValueError(f"logit_bias keys are token ids, strings of digits such as \"1234\", not {key[:40]!r}")
-            if not low <= bias <= high:
-                raise ValueError(f"logit_bias of token {key} is {bias}; a bias is from {low} to {high}")
-        return value
 
     def refuse_unsupported(self) -> None:
         """A 400 naming the first field set to something this server does not do yet (``NOT_YET``)."""

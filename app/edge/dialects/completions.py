@@ -26,7 +26,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.requests import Queued
@@ -34,11 +34,9 @@ from app.edge.body import openapi_body, parse_body, translated
 from app.edge.context import Edge
 from app.edge.errors import FieldError
 from app.edge.replies import reply_metrics, usage
-from app.edge.schema import TOKEN_ID, StreamOptions
+from app.edge.schema import LogitBias, StreamOptions
 from app.edge.turn import Turn, merged, start, until_disconnected, whole
 from app.edge.validation import (
-    LOGIT_BIAS_RANGE,
-    MAX_LOGIT_BIAS,
     MAX_MESSAGE_CHARS,
     MAX_NEW_TOKENS,
     MAX_STOP_STRINGS,
@@ -75,22 +73,10 @@ class CompletionRequest(BaseModel):
                                                                           "this many likeliest alternatives")
     presence_penalty: float | None = Field(None, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
     frequency_penalty: float | None = Field(None, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
-    logit_bias: dict[str, float] | None = Field(None, description="token id (a string of digits) → added to it")
+    logit_bias: LogitBias = Field(None, description="token id (a string of digits) → added to its logit")
     user: str | None = Field(None, max_length=256, description="accepted: recorded nowhere")
     suffix: str | None = Field(None, description="refused unless null: no fill-in-the-middle here")
     best_of: int | None = Field(None, ge=1, description="refused above 1: every choice is returned")
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _biases(cls, value):
-        """Keys are token ids; whether the model has them, only a worker can tell (a 400)."""
-        if value is not None and len(value) > MAX_LOGIT_BIAS:
-            raise ValueError(f"logit_bias takes at most {MAX_LOGIT_BIAS} tokens, not {len(value)}")
-        for key, bias in (value or {}).items():
-            if not TOKEN_ID.fullmatch(key) or not LOGIT_BIAS_RANGE[0] <= bias <= LOGIT_BIAS_RANGE[1]:
-                raise ValueError(f"logit_bias maps token ids (strings of digits such as \"1234\") to a bias from "
-                                 f"{LOGIT_BIAS_RANGE[0]:g} to {LOGIT_BIAS_RANGE[1]:g}; not {key[:40]!r}: {bias}")
-        return value
 
     def refuse_unsupported(self) -> None:
         """A 400 naming the first field set to what this server does not do."""
