@@ -164,9 +164,11 @@ Piece = Waiting | Said | Called | Told | Ended | Broke
 
 @dataclass
 class ChoiceText:
-    """One streamed choice's text: thinking apart from the answer, calls apart from content."""
+    """One streamed choice's text: thinking apart from the answer, calls apart from content
+    (``raw``: the text as the model wrote it, a legacy completion's)."""
 
     tools: frozenset[str]
+    raw: bool = False
     thinking: ThinkingSplit = field(default_factory=ThinkingSplit)
     calls_split: CallSplit = None
     calls: list[Call] = field(default_factory=list)
@@ -176,6 +178,8 @@ class ChoiceText:
 
     def push(self, text: str, end: bool = False) -> tuple[str, str, list[Call]]:
         """(thinking, answer) to show now (either may be empty) and the calls completed now."""
+        if self.raw:
+            return "", text, []
         thinking, answer = self.thinking.flush() if end else self.thinking.push(text)
         done: list[Call] = []
         if self.tools:
@@ -187,10 +191,11 @@ class ChoiceText:
         return thinking, answer, done
 
 
-async def pieces(streams: list[AsyncIterator], tools: frozenset[str] = frozenset()) -> AsyncIterator[Piece]:
+async def pieces(streams: list[AsyncIterator], tools: frozenset[str] = frozenset(),
+                 raw: bool = False) -> AsyncIterator[Piece]:
     """The streams' events as ``Piece``s; closing this closes every stream (so each worker
-    gets its Cancel: a client that disconnects frees its slots)."""
-    choices = [ChoiceText(tools) for _ in streams]
+    gets its Cancel: a client that disconnects frees its slots). ``raw``: as ``whole``'s."""
+    choices = [ChoiceText(tools, raw) for _ in streams]
 
     def said(index: int, text: str, tokens: tuple[TokenLogprob, ...] = (), end: bool = False) -> list[Piece]:
         thinking, answer, done = choices[index].push(text, end)

@@ -29,13 +29,12 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from app.dispatch.dispatcher import Dispatcher
-from app.dispatch.requests import Queued
 from app.edge.body import openapi_body, parse_body, translated
 from app.edge.context import Edge
 from app.edge.errors import FieldError
 from app.edge.replies import reply_metrics, usage
 from app.edge.schema import LogitBias, StreamOptions
-from app.edge.turn import Turn, merged, start, until_disconnected, whole
+from app.edge.turn import Broke, Ended, Said, Told, Turn, Waiting, pieces, start, until_disconnected, whole
 from app.edge.validation import (
     MAX_MESSAGE_CHARS,
     MAX_NEW_TOKENS,
@@ -45,7 +44,7 @@ from app.edge.validation import (
     TOP_P_RANGE,
     clean_text,
 )
-from workers.protocol import ChatMessage, Chunk, Done, Failed, Notice, SamplingParams, TokenLogprob
+from workers.protocol import ChatMessage, Done, SamplingParams, TokenLogprob
 
 FIELDS = "OpenAI's legacy completions fields"
 MAX_LOGPROBS = 5  # as OpenAI's legacy completions
@@ -208,25 +207,24 @@ async def chunks(reply: Choices, streams: list[AsyncIterator], include_usage: bo
     dones: list[Done | None] = [None] * len(streams)
     for index in range(len(streams)) if reply.echo else ():
         yield data([choice(index, reply.prefix(index))])
-    events = merged(streams)
-    try:
-        async for index, event in events:
-            if isinstance(event, Queued):
-                yield f": waiting for a free worker, position {event.position}\n\n"
-            elif isinstance(event, Chunk):
-                logprobs = legacy_logprobs(list(event.logprobs), offsets[index]) if reply.logprobs else None
-                offsets[index] += sum(len(t.token) for t in event.logprobs)
-                yield data([choice(index, event.text, logprobs)])
-            elif isinstance(event, Notice):
-                yield data([choice(index, "")], notice=event.text)
-            elif isinstance(event, Failed):
-                yield f"data: {json.dumps({'error': {'message': event.message, 'type': event.code.value}})}\n\n"
-                return
-            elif isinstance(event, Done):
-                dones[index] = event
-                yield data([choice(index, "", finish=event.finish_reason.value)], metrics=reply_metrics(event))
-    finally:
-        await events.aclose()
+    async for piece in pieces(streams, raw=True):
+        if isinstance(piece, Waiting):
+            yield f": waiting for a free worker, position {piece.position}\n\n"
+        elif isinstance(piece, Said):
+            index = piece.index
+            logprobs = legacy_logprobs(list(piece.tokens), offsets[index]) if reply.logprobs else None
+            offsets[index] += sum(len(t.token) for t in piece.tokens)
+            yield data([choice(index, piece.content, logprobs)])
+        elif isinstance(piece, Told):
+            yield data([choice(piece.index, "")], notice=piece.text)
+        elif isinstance(piece, Broke):
+            failed = piece.failed
+            yield f"data: {json.dumps({'error': {'message': failed.message, 'type': failed.code.value}})}\n\n"
+            return
+        elif isinstance(piece, Ended):
+            dones[piece.index] = piece.done
+            yield data([choice(piece.index, "", finish=piece.done.finish_reason.value)],
+                       metrics=reply_metrics(piece.done))
     if include_usage and None not in dones:
         yield data([], usage=counted(dones, reply.n))
     yield "data: [DONE]\n\n"
