@@ -101,6 +101,7 @@ def served_startup(engine: bool = True):
     from workers.loading.resolve import ResolvedModel
     from workers.tuning.engine_choice import EngineChoice, EngineTiming
     from workers.tuning.kernel_choice import KernelChoice, Lead
+    from workers.tuning.layout_choice import LayoutTiming, pick
 
     startup = Startup()
     startup.model = ResolvedModel("SmolLM2-135M-Instruct (bundled, offline)", "/m", "bundled",
@@ -112,6 +113,8 @@ def served_startup(engine: bool = True):
         startup.engine = EngineChoice("ort", {"lean": EngineTiming(366, 22.4, 43.8),
                                               "ort": EngineTiming(300, 12.1, 30.5, "same",
                                                                   {"same": 300, "widen-fp32": 420})})
+    startup.layout = pick([LayoutTiming(1, 2, 20.0, (40.0,), 4, (900.0,)),  # 50 tok/s alone, 100 for 4
+                           LayoutTiming(2, 1, 30.0, (50.0, 50.0), 4, (800.0, 800.0))])  # 33, 80
     startup.finish()
     return startup
 
@@ -142,6 +145,10 @@ def test_every_line_of_the_workers_section_is_chinese_on_a_chinese_page(engine):
         assert ("Kernels: decode int8-ort at 14 GB/s, prefill ort-fp32 (measured fastest) · within the timings' "
                 "precision of int8pack-bf16 (1.04×): either serves about as fast") in english
         assert "与 int8pack-bf16 相差在测量精度之内（1.04 倍）" in shown
+    assert ("Layout: **1 worker(s) × 2 thread(s)**, measured: the best aggregate for 4 streams, and alone within "
+            "10% of the best") in english
+    assert "| 1×2 ✔ | 50.0 tok/s | 100.0 tok/s | 900 MB |" in english and "| 2×1 | 33.3 tok/s | 80.0 tok/s |" in english
+    assert "布局：**1 个 worker × 每个 2 个线程**，实测：4 路并发时总吞吐最高" in shown
 
 
 def test_the_banner_is_one_line_that_says_what_serves_or_what_start_up_is_doing():
@@ -185,3 +192,19 @@ def test_the_banner_is_one_line_that_says_what_serves_or_what_start_up_is_doing(
 ])
 def test_start_ups_stages_and_reasons_are_shown_in_chinese(english):
     assert CJK.search(localize("zh", english)) and localize("en", english) == english
+
+
+def test_a_layout_timed_on_a_busy_machine_says_the_planned_one_serves_instead():
+    import dataclasses
+
+    from app.page.panel import worker_panel
+    from workers.tuning.layout_choice import LayoutTiming, pick
+
+    startup = served_startup()
+    startup.layout = pick([LayoutTiming(1, 2, 20.0, (40.0,), 4, (900.0,)),
+                           LayoutTiming(2, 1, 30.0, (50.0, 50.0), 4, (800.0, 800.0), ("worker 1 loaded: busy",))])
+    english = worker_panel("en", fake_dispatcher(), startup)
+    assert "the pick of a busy machine's timings, so the planned layout serves instead" in english
+    assert "繁忙的机器" in worker_panel("zh", fake_dispatcher(), startup)
+    startup.layout = dataclasses.replace(startup.layout, timings=startup.layout.timings[:1])  # trusted again
+    assert "busy machine" not in worker_panel("en", fake_dispatcher(), startup)

@@ -61,6 +61,11 @@ EN = {
     "engine_lean": "the lean decoder", "engine_ort": "the onnxruntime graph",
     "engine_table": "| engine | prefill of {rows} tokens | a decode step | a step of the full batch |",
     "ms0": "{ms:.0f} ms", "ms1": "{ms:.1f} ms",
+    "layout": "Layout: **{workers} worker(s) × {threads} thread(s)**, {why}",
+    "layout_busy": " · the pick of a busy machine's timings, so the planned layout serves instead (the workers "
+                   "below), and the next start times again",
+    "layout_table": "| workers × threads | one stream alone | {streams} streams at once | memory (PSS) |",
+    "tok_s": "{v:.1f} tok/s", "mb0": "{mb:.0f} MB",
     "paths": " ({each})", "path_ms": "{path}: {ms:.0f} ms", "list_sep": "; ", "kept": ", kept",
     "path_int8": "int8 weights", "path_fp32": "an fp32 copy",
     "private_mb": " · {mb} MB of packed weights per worker",
@@ -120,6 +125,10 @@ ZH = {
     "engine_lean": "精简解码器", "engine_ort": "onnxruntime 计算图",
     "engine_table": "| 引擎 | 预填充 {rows} 个 token | 单个解码步 | 满批次的一步 |",
     "ms0": "{ms:.0f} 毫秒", "ms1": "{ms:.1f} 毫秒",
+    "layout": "布局：**{workers} 个 worker × 每个 {threads} 个线程**，{why}",
+    "layout_busy": " · 这是在繁忙的机器上测得的结果，因此改用计划的布局（见下方 worker），下次启动重新测量",
+    "layout_table": "| worker × 线程 | 单路 | {streams} 路并发 | 内存（PSS） |",
+    "tok_s": "{v:.1f} tokens/秒", "mb0": "{mb:.0f} MB",
     "paths": "（{each}）", "path_ms": "{path}：{ms:.0f} 毫秒", "list_sep": "；", "kept": "，采用",
     "path_int8": "int8 权重", "path_fp32": "fp32 副本",
     "private_mb": " · 每个 worker 私有打包权重 {mb} MB",
@@ -211,6 +220,10 @@ STARTUP_ZH = [
     (r"GGUF file (.+)", "GGUF 文件 {0}"),
     (r"local directory (.+)", "本地目录 {0}"),
     (r"measured fastest", "实测最快"),
+    (r"measured: the best aggregate for (\d+) streams, and alone within (\d+)% of the best",
+     "实测：{0} 路并发时总吞吐最高，单路也在最快的 {1}% 以内"),
+    (r"measured: (\S+) serves (\d+) streams faster \(([\d.]+) vs ([\d.]+) tok/s\) but a stream alone (\d+)% slower "
+     r"than the best", "实测：{0} 在 {1} 路并发时更快（{2} 对 {3} tokens/秒），但单路比最快的慢 {4}%"),
     (r"measured fastest on a busy machine \(its least disturbed timings; measured again once the machine is "
      r"quiet\)", "在繁忙的机器上实测最快（取受干扰最少的计时；机器空闲时重新测量）"),
     (r"the only allowed kernel on a busy machine \(its least disturbed timings; measured again once the machine is "

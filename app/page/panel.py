@@ -21,6 +21,7 @@ from app.startup import Startup, StartupState, progress_bar
 from workers.protocol import Done, FinishReason
 from workers.tuning.engine_choice import EngineChoice, EngineTiming
 from workers.tuning.kernel_choice import PREFILL_ROWS, KernelChoice, Lead
+from workers.tuning.layout_choice import LayoutChoice
 
 # What the page adds to a reply; none of it is the model's, so none of it goes back into a prompt.
 STATS_PREFIX = "\n\n<sub>⚡ "  # the stats footer
@@ -107,6 +108,8 @@ def worker_panel(lang: str, dispatcher: Dispatcher, startup: Startup) -> str:
         q, rise = startup.quality, startup.quality.rise
         lines += [text(lang, "quality", bits=q.bits, block=q.block, graph=rise.graph, reference=rise.reference,
                        percent=rise.percent, tokens=rise.tokens), ""]
+    if startup.layout:
+        lines += [*layout_lines(lang, startup.layout), ""]
     lines += [text(lang, "table"), "|---|---|---|---|---|---|---|---|---|---|---|"]
     for w in dispatcher.snapshot():
         now, last = w.current_tokens_per_s, w.tokens_per_s  # last is 0 after a Stop: no decode rate
@@ -137,6 +140,16 @@ def engine_lines(lang: str, choice: EngineChoice, packed: str) -> list[str]:
     ahead = lead_text(lang, choice.lead, engine_name(lang, choice.lead.runner_up) if choice.lead else "")
     return [text(lang, "engine", name=engine_name(lang, choice.engine)) + packed + ahead, "",
             text(lang, "engine_table", rows=PREFILL_ROWS), "|---|---|---|---|", *rows]
+
+
+def layout_lines(lang: str, choice: LayoutChoice) -> list[str]:
+    """The workers × threads split start-up timed and picked, why, and what each split was timed at."""
+    rows = [f"| {t.name}{' ✔' if (t.workers, t.threads) == (choice.workers, choice.threads) else ''} | "
+            f"{text(lang, 'tok_s', v=t.single_tok_s)} | {text(lang, 'tok_s', v=t.aggregate_tok_s)} | "
+            f"{text(lang, 'mb0', mb=sum(t.pss_mb))} |" for t in choice.timings]
+    head = text(lang, "layout", workers=choice.workers, threads=choice.threads, why=localize(lang, choice.why))
+    return [head + ("" if choice.trusted else text(lang, "layout_busy")), "",
+            text(lang, "layout_table", streams=choice.timings[0].streams), "|---|---|---|---|", *rows]
 
 
 def engine_name(lang: str, name: str) -> str:
