@@ -7,7 +7,9 @@ decoder (``--engine auto``, ~10-40 s, once) — runs in a background thread whil
 That thread writes a ``Startup`` and the event loop reads ``snapshot()`` of it; a lock keeps
 stage, fraction and error consistent with each other across the two threads.
 
-The fraction is stage-level, not per byte: resolving the model 0.05, downloading or
+Each stage's time is kept (``StartupState.stages``, and the running one's ``since``): a first
+start takes minutes where a warm one takes seconds, and the page and ``/health`` say where
+they went. The fraction is stage-level, not per byte: resolving the model 0.05, downloading or
 converting 0.1, measuring kernels 0.4, preparing weights 0.7, timing worker layouts 0.8,
 starting workers 0.9, done 1.0. The download and the GGUF conversion print their own tqdm bars
 to the log; reading those back from stderr would tie the page to library output formats, and
@@ -16,7 +18,10 @@ the stage text already says which slow step is running.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from workers.decoders.ort.prune import CacheReport
@@ -35,14 +40,26 @@ STARTING = 0.9
 
 
 @dataclass(frozen=True)
+class StageTime:
+    """A stage start-up has finished, and how long it took."""
+
+    stage: str
+    seconds: float
+
+
+@dataclass(frozen=True)
 class StartupState:
     stage: str
     fraction: float | None  # 0..1, stage-level; None where unknown
     error: str | None = None
     done: bool = False  # the model is ready and the workers have been spawned
+    stages: tuple[StageTime, ...] = ()  # those finished, in order
+    since: float = 0.0  # when the running stage began (the startup's clock)
 
-    def as_dict(self) -> dict:
-        return {"stage": self.stage, "fraction": self.fraction, "error": self.error, "done": self.done}
+    def as_dict(self, now: float) -> dict:
+        return {"stage": self.stage, "fraction": self.fraction, "error": self.error, "done": self.done,
+                "stages": [{"stage": s.stage, "seconds": round(s.seconds, 2)} for s in self.stages],
+                "stage_seconds": None if self.done else round(now - self.since, 1)}
 
 
 @dataclass(frozen=True)
@@ -67,22 +84,36 @@ class Startup:
     quality: Quality | None = None  # set where the graph's weights were measured against float32 (likewise)
     graph_cache: CacheReport | None = None  # set once the onnxruntime graph cache is pruned (likewise)
     layout: LayoutChoice | None = None  # set where the workers × threads split was measured (likewise)
-    _state: StartupState = field(default_factory=lambda: StartupState("Starting", 0.0))
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False)
+    _state: StartupState | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
+    def __post_init__(self) -> None:
+        self._state = StartupState("Starting", 0.0, since=self.clock())
+
     def step(self, stage: str, fraction: float | None = None) -> None:
-        """A new stage; ``fraction`` None keeps the current one (e.g. a finer stage text)."""
+        """A new stage, the one before it timed; ``fraction`` None: a finer text of the running
+        stage (its time runs on)."""
         with self._lock:
             current = self._state
-            self._state = StartupState(stage, current.fraction if fraction is None else fraction)
+            if fraction is None:
+                self._state = dataclasses.replace(current, stage=stage)
+            else:
+                now = self.clock()
+                self._state = StartupState(stage, fraction, stages=self._ended(current, now), since=now)
 
     def finish(self, stage: str = "Workers started") -> None:
         with self._lock:
-            self._state = StartupState(stage, 1.0, done=True)
+            now = self.clock()
+            self._state = StartupState(stage, 1.0, done=True, stages=self._ended(self._state, now), since=now)
 
     def fail(self, error: str) -> None:
         with self._lock:
-            self._state = StartupState(self._state.stage, self._state.fraction, error=error)
+            self._state = dataclasses.replace(self._state, error=error)
+
+    @staticmethod
+    def _ended(state: StartupState, now: float) -> tuple[StageTime, ...]:
+        return (*state.stages, StageTime(state.stage, now - state.since))
 
     def snapshot(self) -> StartupState:
         with self._lock:

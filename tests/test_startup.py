@@ -70,7 +70,8 @@ def test_the_log_has_a_line_per_worker_loading_and_ready(loading_app):
 
 def test_the_page_and_health_say_what_is_being_prepared_before_workers_start(tmp_path):
     """An empty cache: the bundled GGUF must be converted again (~17 s). The server already
-    answers meanwhile, and says so; then it serves as usual."""
+    answers meanwhile, and says so, each stage done with its time; then it serves as usual."""
+    launched = time.monotonic()
     with running_app(tmp_path, "--model", "bundled", "--workers", "1", "--threads-per-worker", "1",
                      "--cache-dir", str(tmp_path / "cache"), wait_for_workers=False) as app:
         seen = []
@@ -82,6 +83,7 @@ def test_the_page_and_health_say_what_is_being_prepared_before_workers_start(tmp
         page = Client(app.url + "/", verbose=False)
         panel = page.predict(api_name="/panel")
         assert "0/1 workers ready" in panel and "preparing the model: converting" in panel, panel
+        assert "<sub>Done: Starting" in panel and " · finding bundled " in panel, panel  # each with its seconds
         assert "Preparing the model" in page.predict(api_name="/banner")
 
         # Everything is prepared from nothing: the conversion, the kernels, the graph, the
@@ -89,6 +91,9 @@ def test_the_page_and_health_say_what_is_being_prepared_before_workers_start(tmp
         assert wait_until(lambda: app.health()["workers_ready"] == 1, 420), app.log()
         health = app.health()
         assert health["startup"]["done"] and health["model_source"] == "bundled"
+        took = {s["stage"].split(" ")[0]: s["seconds"] for s in health["startup"]["stages"]}
+        assert took["converting"] > 0 and took["measuring"] > 0, took
+        assert sum(s["seconds"] for s in health["startup"]["stages"]) <= time.monotonic() - launched
         assert "1/1 workers ready" in page.predict(api_name="/panel")
         reply = httpx.post(app.url + "/v1/chat/completions", timeout=120, json={
             "messages": [{"role": "user", "content": CAPITAL}],

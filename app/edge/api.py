@@ -70,7 +70,7 @@ def build_router(dispatcher: Dispatcher, startup: Startup, defaults: SamplingPar
             "model": model.name if model else None,
             "model_source": model.source if model else None,
             "model_reason": model.reason if model else None,
-            "startup": state.as_dict(),
+            "startup": state.as_dict(startup.clock()),
             "kernels": startup.kernels.report() if startup.kernels else None,
             "engine": startup.engine.report() if startup.engine else None,
             "quality": startup.quality.report() if startup.quality else None,

@@ -49,10 +49,17 @@ def stats_footer(lang: str, done: Done, cores: list[int] | None) -> str:
     return STATS_PREFIX + " · ".join(parts) + "</sub>"
 
 
-def stage(lang: str, state: StartupState) -> str:
-    """The start-up stage in ``lang``, with its progress bar where the fraction is known."""
+def stage(lang: str, state: StartupState, now: float) -> str:
+    """The start-up stage in ``lang``, with its progress bar where the fraction is known and
+    how long it has run."""
     bar = f" `{progress_bar(state.fraction)}`" if state.fraction is not None else ""
-    return localize(lang, state.stage) + " …" + bar
+    return localize(lang, state.stage) + " …" + bar + f" · {now - state.since:.0f} s"
+
+
+def stages_done(lang: str, state: StartupState) -> str:
+    """The stages start-up has finished, each with its time: a first start's minutes, accounted for."""
+    done = " · ".join(f"{localize(lang, s.stage)} {s.seconds:.1f} s" for s in state.stages)
+    return text(lang, "stages_done", stages=done) if done else ""
 
 
 def readiness(lang: str, dispatcher: Dispatcher, startup: Startup) -> str:
@@ -63,7 +70,7 @@ def readiness(lang: str, dispatcher: Dispatcher, startup: Startup) -> str:
     if state.error:
         return text(lang, "start_failed", total=total, error=localize(lang, state.error))
     if not state.done:
-        return text(lang, "preparing", total=total, stage=stage(lang, state))
+        return text(lang, "preparing", total=total, stage=stage(lang, state, startup.clock()))
     if ready == total:
         return text(lang, "ready_all", ready=ready, total=total)
     loading = sum(w.state is WorkerState.STARTING for w in workers)
@@ -79,7 +86,7 @@ def model_banner(lang: str, dispatcher: Dispatcher, startup: Startup) -> str:
     if state.error:
         return text(lang, "banner_failed", error=localize(lang, state.error))
     if not state.done or model is None:
-        return text(lang, "banner_preparing", stage=stage(lang, state))
+        return text(lang, "banner_preparing", stage=stage(lang, state, startup.clock()))
     head = (text(lang, "banner_fallback", name=model.name, why=reason(lang, model.reason)) if model.is_fallback
             else text(lang, "banner_serving", name=model.name))
     if dispatcher.ready_count == len(dispatcher.workers):
@@ -96,6 +103,8 @@ def worker_panel(lang: str, dispatcher: Dispatcher, startup: Startup) -> str:
     """The "Workers and speed" section above its plots: readiness, the model, the measured
     kernels or engines, and a row per worker."""
     lines = [f"{readiness(lang, dispatcher, startup)} · {text(lang, 'waiting_n', n=dispatcher.queue_depth)}", ""]
+    if not (state := startup.snapshot()).done and (done := stages_done(lang, state)):
+        lines += [done, ""]
     if startup.model:
         lines += [text(lang, "model_line", name=startup.model.name, reason=reason(lang, startup.model.reason)), ""]
     private = max((w.private_weight_mb or 0 for w in dispatcher.snapshot()), default=0)
