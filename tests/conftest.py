@@ -25,12 +25,13 @@ CACHE_DIR = Path(os.environ.get("CPU_CHAT_TEST_CACHE", Path.home() / ".cache" / 
 # step's time, a process's growth, a calibration cached because the machine was quiet, a draft
 # sent because its timed cost pays): another
 # file's server beside them would disturb what they measure, so ``scripts/test.sh`` runs them
-# one after another once the rest have run side by side (``-m alone``).
+# one after another once the rest have run side by side (``-m alone``). Where only some of a
+# file's tests measure, those carry ``@pytest.mark.alone`` themselves and the rest run side by side.
 ALONE = frozenset({
     "test_busy_calibration.py", "test_chunked_prefill.py", "test_crashes.py", "test_e2e.py", "test_engine_choice.py",
-    "test_fair_callers.py", "test_flood.py", "test_hostile_clients.py", "test_kernels.py", "test_kv_dtype.py",
-    "test_kv_resident.py", "test_layout_choice.py", "test_prompt_apart.py", "test_server_reliability.py", "test_startup.py",
-    "test_worker_heartbeat.py", "test_workers.py",
+    "test_fair_callers.py", "test_flood.py", "test_hostile_clients.py", "test_kv_resident.py", "test_layout_choice.py",
+    "test_prompt_apart.py", "test_server_reliability.py", "test_startup.py", "test_worker_heartbeat.py",
+    "test_workers.py",
 })
 
 

@@ -103,6 +103,7 @@ def test_tied_embedding_is_stored_once_for_a_dense_kernel(tiny_qwen, tmp_path):
 # --- the choice, measured here ------------------------------------------------------
 
 
+@pytest.mark.alone  # times decode steps: a neighbouring file's server would be in them
 def test_the_chosen_kernel_decodes_faster_here_than_plain_fp32(bundled_model, serving_kernel, cache_dir):
     """Same run, same process, same thread count as the calibration: the measured choice
     must not lose to dense fp32 on the real model (generous margin for a shared machine)."""

@@ -98,6 +98,7 @@ def written_bytes() -> int:
     return (fields["Pss_Anon"] + fields.get("Pss_Shmem", 0)) * 1024
 
 
+@pytest.mark.alone  # reads the process's memory growth: nothing else may allocate beside it
 @pytest.mark.parametrize("kind,kv", CASES)
 def test_the_budget_counts_the_bytes_the_cache_takes(engines, text_ids, kind, kv):
     """``kv_bytes_per_token`` (what ``--kv-cache-mb`` is counted in) is the dtype's size, and is
