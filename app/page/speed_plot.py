@@ -10,9 +10,11 @@ would leave its worker's line empty until it ends, so each panel refresh also sa
 tokens/s of the replies being generated now, at most once a second per worker however
 many pages are open. Each worker keeps a bounded deque, so memory stays flat.
 
-Every planned worker has a row in each frame, an empty (NaN) one while it has no points:
-Gradio's plot fixes its colour legend from the first data it draws, so a worker missing
-then would never be drawn (an empty first frame drew nothing at all).
+Every worker has a row in each frame, an empty (NaN) one while it has no points: Gradio's
+plot fixes its colour legend from the first data it draws, so a worker missing then would
+never be drawn (an empty first frame drew nothing at all). The workers are the planned ones
+until the first ``sample``, then those serving: start-up may serve on another split than the
+planned one once it has timed them (``app.pool.layout``).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ TTFT_COLUMNS = ["time", "worker", "seconds"]
 
 @dataclass
 class SpeedHistory:
-    workers: tuple[int, ...] = ()  # the planned workers' ids: each one always has a row
+    workers: tuple[int, ...] = ()  # the workers' ids (planned, then those last sampled): each always has a row
     window_s: float = 300.0
     max_points: int = 600  # per worker and series: 5 minutes at one sample a second
     sample_every_s: float = 1.0
@@ -55,8 +57,10 @@ class SpeedHistory:
             self._series(self._ttft, m.worker).append((now, m.ttft_ms / 1000))
 
     def sample(self, workers: list[WorkerSnapshot]) -> None:
-        """The tokens/s of replies being decoded now (at most one point a second per worker)."""
+        """The tokens/s of replies being decoded now (at most one point a second per worker);
+        ``workers`` are those serving from now on."""
         now = self.clock()
+        self.workers = tuple(w.id for w in workers)
         for w in workers:
             if w.current_tokens_per_s is None:
                 continue

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from app.dispatch.policy import WorkerSnapshot, WorkerState
 from app.page.speed_plot import SpeedHistory
 from workers.protocol import Done, Failed, FinishReason, Metrics
@@ -44,7 +46,7 @@ def test_live_samples_at_most_once_a_second_and_memory_is_bounded():
     history = SpeedHistory(max_points=5, clock=clock)
     for _ in range(3):  # three pages refreshing at the same moment
         history.sample([busy(0, 12.5), busy(1, None)])
-    assert len(history.frames()[0]) == 1
+    assert history.frames()[0]["tokens/s"].notna().sum() == 1  # worker 1, idle, has its empty row
     for _ in range(20):
         clock.now += 1
         history.sample([busy(0, 12.5)])
@@ -70,3 +72,12 @@ def test_every_planned_worker_has_a_row_so_the_legend_holds_it_from_the_start():
     history.record(done(1, 40.0, 80.0))
     tps, _ = history.frames()
     assert sorted(zip(tps["worker"], tps["tokens/s"].fillna(-1))) == [("worker 0", -1), ("worker 1", 40.0)]
+
+
+def test_after_a_relayout_the_workers_serving_have_their_rows():
+    """Planned as one worker, served as two once start-up timed the splits: a page loaded now
+    must draw both (its legend is fixed from its first frame)."""
+    history = SpeedHistory(workers=(0,))
+    history.sample([SimpleNamespace(id=0, current_tokens_per_s=None), SimpleNamespace(id=1, current_tokens_per_s=None)])
+    tps, ttft = history.frames()
+    assert list(tps["worker"]) == ["worker 0", "worker 1"] and list(ttft["worker"]) == ["worker 0", "worker 1"]
