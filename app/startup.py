@@ -85,7 +85,7 @@ class Startup:
     graph_cache: CacheReport | None = None  # set once the onnxruntime graph cache is pruned (likewise)
     layout: LayoutChoice | None = None  # set where the workers × threads split was measured (likewise)
     clock: Callable[[], float] = field(default=time.monotonic, repr=False)
-    _state: StartupState | None = None
+    _state: StartupState = field(init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:

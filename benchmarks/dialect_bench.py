@@ -5,14 +5,14 @@ chat, streamed, against one running app, interleaved round by round.
     python -m benchmarks dialects [--rounds 20]
 
 Each request is read as raw HTTP on one kept-alive client (no SDK on the client side, so the
-client's own parsing is not counted), until the first event that carries text. Every request opens with its own words
-(round and dialect), so no request reuses another's kept prompt; the legacy completion is sent
+client's own parsing is not counted), until the first event that carries text. Every request
+opens with its own words (round and dialect), so no request reuses another's kept prompt; the legacy completion is sent
 the chat template's own rendering of the same conversation, so every prompt is the same length.
 Each time to first token is split in two: the worker's own part (from the sequence's start in
 the worker to its first token, read off the app's ``/metrics``: the TTFT histogram's sum grows
 by exactly that request's figure) and the rest (HTTP, the edge's translation, dispatch, the
-pipes, the dialect's writer). The worker's part is where a shared 2-core VM's ±60 ms spread
-lives, and it is the same work for every dialect; the rest is what a dialect could add. The
+pipes, the dialect's writer). The worker's part carries most of a shared machine's spread and
+is the same work for every dialect; the rest is what a dialect could add. The
 figure that matters is each dialect's rest minus chat-completions' in the same round (paired:
 a slow spell falls on the whole round). Writes ``benchmarks/results/<CPU class>/dialects.{md,json}``.
 """
@@ -26,7 +26,6 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-
 
 from benchmarks.harness import bundled_dir, describe_machine, save
 from benchmarks.serve_bench import session
@@ -131,9 +130,9 @@ def measure(url: str, render: Callable[[str], str], rounds: int) -> dict:
 
 def markdown(machine: dict, rows: dict, rounds: int, threads: int) -> str:
     lines = [f"# The dialects' edge: time to first token through each ({machine['cpus']}, {machine['cores']} cores)",
-             "", f"One app (bundled SmolLM2-135M, one worker × {threads} thread(s)), the same question streamed through each "
-             f"dialect, {rounds} rounds interleaved; client-side, raw HTTP on one kept-alive connection until "
-             "the first text event. "
+             "", f"One app (bundled SmolLM2-135M, one worker × {threads} thread(s)), the same question streamed "
+             f"through each dialect, {rounds} rounds interleaved; client-side, raw HTTP on one kept-alive "
+             "connection until the first text event. "
              "In the worker: its own time to its first token (the app's `/metrics`). Outside: the rest (HTTP, "
              "the edge, dispatch, the pipes, the dialect's writer). Added: a dialect's outside time minus "
              "chat-completions' in the same round. Median (min–max), ms."
@@ -173,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             app.stop()
     machine = {**describe_machine(), "load_average": [round(x, 1) for x in os.getloadavg()]}
-    save(machine, "dialects", {"machine": machine, "rounds": args.rounds, "threads": args.threads, **rows}, markdown(machine, rows, args.rounds, args.threads))
+    save(machine, "dialects", {"machine": machine, "rounds": args.rounds, "threads": args.threads, **rows},
+         markdown(machine, rows, args.rounds, args.threads))
     return 0
 
 
