@@ -103,9 +103,12 @@ def test_costs_are_measured_per_place_and_length_against_a_plain_step_there():
     assert costs.of(("half", 1)) is None  # nothing timed there yet: no draft
     costs.record(("half", 1), 0, 0.010)
     assert costs.of(("half", 1)) == PRIOR
-    for _ in range(40):
-        costs.record(("half", 1), 4, 0.020)  # 4 drafted tokens: 2 steps
+    for _ in range(100):
+        costs.record(("half", 1), 4, 0.020)  # 4 drafted tokens: 2 steps, learnt slowly (dearer than the prior)
     assert abs(costs.of(("half", 1))[4] - 2.0) < 0.01
+    for _ in range(20):
+        costs.record(("half", 1), 2, 0.011)  # 2 drafted tokens: 1.1 steps, learnt quickly (cheaper)
+    assert abs(costs.of(("half", 1))[2] - 1.1) < 0.01
     assert costs.of(("half", 1))[3] == PRIOR[3]  # each length its own
     assert costs.of(("all", 2)) is None
 
@@ -114,7 +117,8 @@ def test_one_slow_call_does_not_stop_drafting_and_a_dear_length_is_tried_again_l
     costs = Costs()
     costs.record(("d", 1), 0, 0.010)
     costs.record(("d", 1), 2, 0.100)  # the machine busy for a moment: 10 steps' time
-    assert costs.of(("d", 1))[2] < 3.5  # a fifth of the way
+    assert costs.of(("d", 1))[2] < PRIOR[2] + 0.1  # counted as at most 3 steps, a twentieth of the way
+    assert best_draft(0.6, costs.of(("d", 1)), MOST_DRAFTED) >= 2  # still drafting
     for _ in range(40):
         costs.record(("d", 1), 2, 0.100)
     assert best_draft(0.6, costs.of(("d", 1)), MOST_DRAFTED) != 2

@@ -37,7 +37,9 @@ MOST_DRAFTED = 8  # most tokens drafted at once
 FADE = 0.8  # each verification's weight in a sequence's odds, relative to the one after it (at most 5
 # verifications' worth counts: misses alone bring the odds to 1/12, where a draft rarely pays)
 REST_FADE = 0.97  # how a sequence's counts fade per step it does not draft
-COST_WEIGHT = 0.2  # a new timing's weight in the moving averages of ``Costs``
+COST_WEIGHT = 0.2  # a new timing's weight in the moving averages of ``Costs`` (a cheaper one's, for a draft's)
+DEARER_WEIGHT = 0.05  # a dearer draft timing's weight: noise only ever adds time, so a busy moment moves
+# a cost up a twentieth of the way, and a length truly dearer than thought is learnt within ~30 calls
 PRIOR_COST = 0.15  # a drafted token's cost, in plain steps, until timed
 RELAX = 0.01  # how far each plain step moves a timed cost back toward the prior
 
@@ -95,9 +97,11 @@ class Costs:
 
     Not one cost per token: the graph's first drafted token costs most (its matmuls leave the
     one-row path), ~0.4 of a step on the bundled model, the next ones ~0.08 each. Each ratio
-    starts at the prior, so one slow call (the machine busy for a moment) moves it a fifth of
-    the way, and every plain step relaxes it back a little: a length judged too dear is tried
-    again later, never given up for good."""
+    starts at the prior and moves down quickly but up slowly, by at most what k + 1 plain steps
+    would cost (they would do the same work: a call timed dearer was the machine's doing): on
+    2 cores shared with the app, a worker's call is often held up for a few of its own steps, and
+    one such call must not stop a quoting reply's drafting. Every plain step relaxes the ratios
+    back a little: a length judged too dear is tried again later, never given up for good."""
 
     plain: dict[tuple, float] = field(default_factory=dict)  # where -> seconds
     ratios: dict[tuple, list[float]] = field(default_factory=dict)  # where -> [k] a call's cost, in plain steps
@@ -112,7 +116,8 @@ class Costs:
                 ratios[k] += RELAX * (prior(k) - ratios[k])
         elif where in self.plain:
             ratios = self._ratios(where)
-            ratios[drafted] += COST_WEIGHT * (seconds / self.plain[where] - ratios[drafted])
+            change = min(seconds / self.plain[where], 1 + drafted) - ratios[drafted]
+            ratios[drafted] += (COST_WEIGHT if change < 0 else DEARER_WEIGHT) * change
 
     def of(self, where: tuple) -> list[float] | None:
         """What a call ``where`` costs for each draft length k, in plain steps ([0] is 1); None
