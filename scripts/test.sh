@@ -24,7 +24,11 @@ processes="${CPU_CHAT_TEST_PROCESSES:-$(nproc)}"
 .venv/bin/python -m tests.warm_cache
 # Exit code 5 is "no test selected" (arguments that pick tests of one phase only).
 run_pytest() { .venv/bin/python -m pytest "$@" || { code=$?; [ "$code" = 5 ] || status=$code; }; }
-run_pytest -n "$processes" --dist loadfile -m "not alone" --ignore=tests/test_ray.py "$@"
+# Side by side, OpenMP's idle threads sleep instead of spinning (libgomp's default): a process's
+# spinning threads held the cores its neighbour needed, and two such files took 1.4x as long
+# (docs/testing.md). The app's workers still set their own policy where none is given; the
+# measuring tests run alone below, with the defaults the app runs on.
+OMP_WAIT_POLICY=PASSIVE run_pytest -n "$processes" --dist loadfile -m "not alone" --ignore=tests/test_ray.py "$@"
 run_pytest -m alone --ignore=tests/test_ray.py "$@"  # one after another: they measure (tests/conftest.py)
 # Ray also talks to the machine's own interface address, and tests may reach only 127.0.0.0/8:
 # the Ray tests run in a network namespace that has loopback alone (unshare -n needs root).
