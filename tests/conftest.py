@@ -35,19 +35,10 @@ ALONE = frozenset({
 })
 
 
-# The slowest files of the side-by-side phase, slowest first (docs/testing.md): run first, so that
-# none is left running on one core at the end while the other has nothing left to do.
-SLOW_FIRST = tuple(f"tests/{name}.py" for name in (
-    "test_kills", "test_int4", "test_reproducible", "test_speculation", "test_kernels", "test_kv_dtype",
-    "test_ort_engine", "test_random_model_grammar", "test_page_languages", "test_architectures"))
-
-
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in ALONE:
             item.add_marker(pytest.mark.alone)
-    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: each file's own order kept
 
 
 @pytest.fixture(scope="session")
