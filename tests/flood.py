@@ -36,6 +36,9 @@ from tests.e2e import ROOT
 CHAT = {"messages": [{"role": "user", "content": LONG}],
         "stream": True, "temperature": 0, "repetition_penalty": 1.0, "max_tokens": 300}
 REFUSED, ANSWERED = 10, 10  # flood requests over the body cap, and just under it
+# One worker, as on a public Space; huge histories are served, cut to fit (by default a
+# conversation past the window is refused with a 400, before any prefill).
+APP_ARGS = ("--model", "bundled", "--workers", "1", "--context-overflow", "drop-oldest")
 
 SENDER = f"""
 import sys

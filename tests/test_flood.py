@@ -15,13 +15,12 @@ import httpx
 import pytest
 
 from tests.e2e import running_app
-from tests.flood import ANSWERED, REFUSED, flood_body, run_flood
+from tests.flood import ANSWERED, APP_ARGS, REFUSED, flood_body, run_flood
 
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
-    with running_app(tmp_path_factory.mktemp("flood"), "--model", "bundled", "--workers", "1",
-                     "--context-overflow", "drop-oldest") as running:  # huge histories are served, cut to fit
+    with running_app(tmp_path_factory.mktemp("flood"), *APP_ARGS) as running:
         yield running
 
 
