@@ -27,7 +27,6 @@ servers do; ``enable_thinking: false`` (or vLLM's ``chat_template_kwargs:
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import uuid
 
@@ -98,11 +97,11 @@ def build_router(dispatcher: Dispatcher, startup: Startup, defaults: SamplingPar
 
     @router.post("/v1/chat/completions", openapi_extra=openapi_body(ChatRequest))  # the body is read by hand
     async def chat_completions(request: Request, scope: str = Depends(scope_of)):
-        req = await parse_body(request, ChatRequest, CHAT_FIELDS)
+        req = await parse_body(edge.lane, request, ChatRequest, CHAT_FIELDS)
         try:
             req.refuse_unsupported()
             # cleans megabytes, maybe, and compiles a schema: off the loop
-            messages, grammar = await asyncio.to_thread(lambda: (req.chat_messages(), req.grammar()))
+            messages, grammar = await edge.lane.run(lambda: (req.chat_messages(), req.grammar()))
         except InvalidInput as exc:
             raise HTTPException(400, str(exc)) from exc
         tools = frozenset(t.function.name for t in req.tools_offered())  # calls of these are read back out

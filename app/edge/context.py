@@ -13,6 +13,7 @@ from pathlib import Path
 from fastapi import HTTPException
 
 from app.dispatch.dispatcher import Dispatcher
+from app.edge.body import Lane
 from app.startup import Startup
 from workers.protocol import SamplingParams
 
@@ -23,6 +24,7 @@ class Edge:
     startup: Startup
     defaults: SamplingParams
     scope_of: Callable[..., Awaitable[str]]  # a FastAPI dependency: the caller's scope (``app.edge.auth.caller_scope``)
+    lane: Lane = field(default_factory=Lane)  # where bodies are decoded and translated, one at a time
     _tokenizers: dict = field(default_factory=dict, repr=False)
     _windows: dict = field(default_factory=dict, repr=False)
 

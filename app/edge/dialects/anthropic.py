@@ -288,8 +288,8 @@ def routes(edge: Edge) -> APIRouter:
 
     @router.post("/v1/messages", openapi_extra=openapi_body(MessagesRequest))  # the body is read by hand
     async def messages(request: Request, scope: str = Depends(edge.scope_of)):
-        req = await parse_body_400(request, MessagesRequest, FIELDS)
-        turn = await translated(lambda: req.turn(edge.defaults))
+        req = await parse_body_400(edge.lane, request, MessagesRequest, FIELDS)
+        turn = await translated(edge.lane, lambda: req.turn(edge.defaults))
         streams = await start(edge.dispatcher, turn, scope)  # refused (busy, too long): an error, not a stream
         message_id = f"msg_{uuid.uuid4().hex}"
         if req.stream:
@@ -301,10 +301,10 @@ def routes(edge: Edge) -> APIRouter:
                  dependencies=[Depends(edge.scope_of)])
     async def count_tokens(request: Request) -> dict:
         """The prompt's tokens as the worker renders it: the chat template, the tools described."""
-        req = await parse_body_400(request, CountRequest, FIELDS)
-        chat = await translated(lambda: req.chat_messages(req.tools_offered()))
+        req = await parse_body_400(edge.lane, request, CountRequest, FIELDS)
+        chat = await translated(edge.lane, lambda: req.chat_messages(req.tools_offered()))
         tokenizer = await edge.tokenizer()
-        ids = await translated(lambda: encode_chat(tokenizer, chat, req.thinking_switch()))
+        ids = await translated(edge.lane, lambda: encode_chat(tokenizer, chat, req.thinking_switch()))
         return {"input_tokens": len(ids)}
 
     return router

@@ -235,9 +235,9 @@ def routes(edge: Edge) -> APIRouter:
 
     @router.post("/v1/completions", openapi_extra=openapi_body(CompletionRequest))  # the body is read by hand
     async def completions(request: Request, scope: str = Depends(edge.scope_of)):
-        req = await parse_body(request, CompletionRequest, FIELDS)
+        req = await parse_body(edge.lane, request, CompletionRequest, FIELDS)
         req.refuse_unsupported()
-        turns = await translated(lambda: req.turns(edge.defaults))  # cleans megabytes, maybe: off the loop
+        turns = await translated(edge.lane, lambda: req.turns(edge.defaults))  # cleans megabytes, maybe
         streams = await started(edge.dispatcher, turns, scope)  # refused (busy, too long): an error, not a stream
         reply = Choices(f"cmpl-{uuid.uuid4().hex}", edge.model_name(), [t.messages[0].content for t in turns],
                       req.n or 1, bool(req.echo), req.logprobs is not None)

@@ -218,7 +218,7 @@ def routes(edge: Edge) -> APIRouter:
             return JSONResponse(face.loaded())
         engine = edge.dispatcher.config.engine_config
         req.check_overflow(engine.context_overflow)
-        turn = await translated(lambda: req.turn(edge.defaults))
+        turn = await translated(edge.lane, lambda: req.turn(edge.defaults))
         notices = req.notices(edge.context_window(), engine.repetition_window)
         streams = await start(edge.dispatcher, turn, scope)  # refused (busy, too long): an error, not a stream
         if req.stream:
@@ -242,7 +242,7 @@ def routes(edge: Edge) -> APIRouter:
 
     @router.post("/api/show", dependencies=login, openapi_extra=openapi_body(ShowRequest))
     async def show(request: Request) -> dict:
-        await parse_body_400(request, ShowRequest, FIELDS)  # any name: one model is served
+        await parse_body_400(edge.lane, request, ShowRequest, FIELDS)  # any name: one model is served
         return {k: v for k, v in (await card()).items() if k != "listed"}
 
     @router.get("/api/ps", dependencies=login)
@@ -256,11 +256,13 @@ def routes(edge: Edge) -> APIRouter:
     @router.post("/api/chat", openapi_extra=openapi_body(ChatRequest))  # the body is read by hand
     async def chat(request: Request, scope: str = Depends(edge.scope_of)):
         started = time.monotonic_ns()
-        return await reply(request, await parse_body_400(request, ChatRequest, FIELDS), scope, started)
+        req = await parse_body_400(edge.lane, request, ChatRequest, FIELDS)
+        return await reply(request, req, scope, started)
 
     @router.post("/api/generate", openapi_extra=openapi_body(GenerateRequest))
     async def generate(request: Request, scope: str = Depends(edge.scope_of)):
         started = time.monotonic_ns()
-        return await reply(request, await parse_body_400(request, GenerateRequest, FIELDS), scope, started)
+        req = await parse_body_400(edge.lane, request, GenerateRequest, FIELDS)
+        return await reply(request, req, scope, started)
 
     return router

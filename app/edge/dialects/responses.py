@@ -327,9 +327,9 @@ def routes(edge: Edge) -> APIRouter:
 
     @router.post("/v1/responses", openapi_extra=openapi_body(ResponsesRequest))  # the body is read by hand
     async def responses(request: Request, scope: str = Depends(edge.scope_of)):
-        req = await parse_body(request, ResponsesRequest, FIELDS)
+        req = await parse_body(edge.lane, request, ResponsesRequest, FIELDS)
         req.refuse_stateful()
-        turn, notices = await translated(lambda: req.turn(edge.defaults))
+        turn, notices = await translated(edge.lane, lambda: req.turn(edge.defaults))
         streams = await start(edge.dispatcher, turn, scope)  # refused (busy, too long): an error, not a stream
         head = {"id": f"resp_{uuid.uuid4().hex}", "object": "response", "created_at": int(time.time()),
                 "model": edge.model_name(), **req.echo(turn.params)}
