@@ -67,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default="qwen-shape,bundled", help="comma-separated: qwen-shape, bundled")
     p.add_argument("--int4", action="store_true", help="also the app with --quantize int4, read against "
                    "llama.cpp's 4-bit files")
+    p.add_argument("--name", default="anchor", help="the results files' name, e.g. anchor-zen5 for a second "
+                   "CPU of a class whose anchor.md another has written")
     args = p.parse_args(argv)
     apps = [(), ("--quantize", "int4")] if args.int4 else [()]
     machine = {**describe_machine(), "family_model": cpu_family_model()}
@@ -105,7 +107,11 @@ def main(argv: list[str] | None = None) -> int:
                 servers.append(start_llama(tools["llama-server"], gguf, name, Path(tmp) / f"{gguf.stem}.log"))
                 stack.callback(servers[-1].stop)
             load = [os.getloadavg()[0]]
-            raw = measure_group(servers, asks, args.rounds, first_prompt)
+            try:
+                raw = measure_group(servers, asks, args.rounds, first_prompt)
+            except Exception:
+                print(*(s.last_words() for s in servers), sep="\n", file=sys.stderr)
+                raise
             load.append(os.getloadavg()[0])
         first_prompt += 1000
         summary = {name: summarize(runs) for name, runs in raw.items()}
@@ -115,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         report["models"][key] = {"title": model["title"], "servers": {s.name: s.about for s in servers},
                                  "load_average_before_after": load,
                                  "raw": raw, "summary": summary, "app_over": ratios}
-    save(machine, "anchor", report, markdown(report))
+    save(machine, args.name, report, markdown(report))
     return 0
 
 

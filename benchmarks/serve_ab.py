@@ -32,7 +32,7 @@ def measure_model(trees: dict[str, Path], model: str, random_weights: bool, roun
     try:
         for name, tree in trees.items():
             app = start_app(Path(tempfile.mkdtemp()), "--model", model, "--log-level", "warning", root=tree)
-            servers.append(anchor.Server(name, app.url, app.stop, {}))
+            servers.append(anchor.Server(name, app.url, app.stop, {}, app.log_path))
         runs = anchor.measure_group(servers, anchor.Asks.of(model, random_weights), rounds, 0)
     finally:
         for server in servers:

@@ -24,7 +24,10 @@ def session() -> httpx.Client:
     """One client for the whole run, its connections kept alive, as an SDK's are: ``httpx.stream``
     builds a client per call, and that (its TLS context, the CA bundle read) took ~20 ms of every
     request's measured time to first token before a byte was sent (AMD EPYC Zen 4, 2 cores),
-    on both sides of every comparison. httpx's client is safe to share between threads."""
+    on both sides of every comparison. httpx's client is safe to share between threads.
+
+    A connection the server closed as the next request went out fails that request before it
+    is read (``chat_stream`` sends it again, as the SDKs do)."""
     return httpx.Client(limits=httpx.Limits(max_connections=64, max_keepalive_connections=64))
 
 
@@ -41,22 +44,40 @@ def chat_stream(url: str, body: dict, timeout: float = 600) -> dict:
     ``ttft_ms`` to the first chunk with text, ``tokens`` and ``prompt_tokens`` (the usage chunk's),
     ``decode_tok_s`` from the first chunk with text to the last, ``seconds`` in all."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}  # the last chunk's usage counts
-    tokens, prompt_tokens, first, last = 0, 0, None, None
+    try:
+        return timed_stream(url, body, timeout)
+    except Unanswered:  # closed under the request before a byte came back (see ``session``): once more
+        return timed_stream(url, body, timeout)
+
+
+class Unanswered(Exception):
+    """The connection closed before the response began: the request was never served."""
+
+
+def timed_stream(url: str, body: dict, timeout: float) -> dict:
+    """``chat_stream``'s one attempt, timed from its own start."""
+    tokens, prompt_tokens, first, last, answered = 0, 0, None, None, False
     started = time.perf_counter()
-    with session().stream("POST", url + "/v1/chat/completions", json=body, timeout=timeout) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[len("data: "):])
-            if "error" in event:
-                raise RuntimeError(f"the server failed the request: {event['error']}")
-            if event.get("usage"):  # the usage chunk (the others have usage: null, or none)
-                tokens = event["usage"]["completion_tokens"]
-                prompt_tokens = event["usage"].get("prompt_tokens", 0)
-            if any((c.get("delta") or {}).get("content") for c in event.get("choices") or ()):
-                last = time.perf_counter()
-                first = first or last
+    try:
+        with session().stream("POST", url + "/v1/chat/completions", json=body, timeout=timeout) as r:
+            answered = True
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[len("data: "):])
+                if "error" in event:
+                    raise RuntimeError(f"the server failed the request: {event['error']}")
+                if event.get("usage"):  # the usage chunk (the others have usage: null, or none)
+                    tokens = event["usage"]["completion_tokens"]
+                    prompt_tokens = event["usage"].get("prompt_tokens", 0)
+                if any((c.get("delta") or {}).get("content") for c in event.get("choices") or ()):
+                    last = time.perf_counter()
+                    first = first or last
+    except httpx.RemoteProtocolError as exc:
+        if answered:
+            raise
+        raise Unanswered(str(exc)) from exc
     ended = time.perf_counter()
     decode = (tokens - 1) / (last - first) if first is not None and last > first and tokens > 1 else 0.0
     return {"ttft_ms": ((first or ended) - started) * 1000, "tokens": tokens, "prompt_tokens": prompt_tokens,

@@ -29,6 +29,10 @@ class Server:
     url: str
     stop: object  # () -> None
     about: dict  # what it serves, as it says
+    log: Path  # what it printed: shown when it fails mid-run (its folder is gone after)
+
+    def last_words(self, chars: int = 3000) -> str:
+        return f"--- {self.name}, the end of its log:\n{self.log.read_text(errors='replace')[-chars:]}"
 
 
 def start_llama(server: Path, gguf: Path, name: str, log: Path, timeout_s: float = 600) -> Server:
@@ -47,7 +51,7 @@ def start_llama(server: Path, gguf: Path, name: str, log: Path, timeout_s: float
         try:
             if httpx.get(url + "/health", timeout=5).status_code == 200:
                 return Server(name, url, stop, {"gguf": gguf.name, "args": " ".join(SERVER_ARGS),
-                                                "gguf_mb": round(gguf.stat().st_size / 2**20)})
+                                                "gguf_mb": round(gguf.stat().st_size / 2**20)}, log)
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
@@ -64,7 +68,7 @@ def start_this_app(tmp: Path, model: str, flags: tuple[str, ...] = ()) -> Server
     about = {"engine": (health.get("engine") or {}).get("engine"),
              "serving": [w.get("kernels") for w in health["workers"]],
              "workers": len(health["workers"]), "threads": [w.get("threads") for w in health["workers"]]}
-    return Server(name, app.url, app.stop, about)
+    return Server(name, app.url, app.stop, about, app.log_path)
 
 
 SUBJECTS = ("a lighthouse keeper", "a baker in a mountain village", "a retired train driver", "a young beekeeper",
