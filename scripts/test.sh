@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # Install everything the tests need, then run them; arguments go to pytest.
+# --quick (first): all but the tests marked slow, for a newcomer's loop; CI runs them all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+quick=""
+if [ "${1:-}" = "--quick" ]; then
+  quick=" and not slow"
+  shift
+fi
 bash scripts/setup.sh --dev
 if [ ! -x /usr/bin/chromium ]; then  # the browser test drives Debian's Chromium: no browser, no test run
   if [ "$(id -u)" = 0 ]; then
@@ -28,8 +34,8 @@ run_pytest() { .venv/bin/python -m pytest "$@" || { code=$?; [ "$code" = 5 ] || 
 # spinning threads held the cores its neighbour needed, and two such files took 1.4x as long
 # (docs/testing.md). The app's workers still set their own policy where none is given; the
 # measuring tests run alone below, with the defaults the app runs on.
-OMP_WAIT_POLICY=PASSIVE run_pytest -n "$processes" --dist loadfile -m "not alone" --ignore=tests/test_ray.py "$@"
-run_pytest -m alone --ignore=tests/test_ray.py "$@"  # one after another: they measure (tests/conftest.py)
+OMP_WAIT_POLICY=PASSIVE run_pytest -n "$processes" --dist loadfile -m "not alone$quick" --ignore=tests/test_ray.py "$@"
+run_pytest -m "alone$quick" --ignore=tests/test_ray.py "$@"  # one after another: they measure (tests/conftest.py)
 # Ray also talks to the machine's own interface address, and tests may reach only 127.0.0.0/8:
 # the Ray tests run in a network namespace that has loopback alone (unshare -n needs root).
 if [ "$(id -u)" != 0 ]; then

@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from workers.host.cores import WorkerLayout
 from workers.tuning.calibrate import Shapes, calibrate
 from workers.tuning.kernel_choice import Allowed, choose, contradictions
@@ -51,6 +53,7 @@ def all_cores() -> WorkerLayout:
     return WorkerLayout(0, cpus, len(cpus))
 
 
+@pytest.mark.slow
 def test_kernels_measured_beside_a_cpu_hog_are_not_cached_and_serve_as_fast(bundled_model, cache_dir, tmp_path,
                                                                             caplog):
     from transformers import AutoConfig
@@ -80,6 +83,7 @@ def test_kernels_measured_beside_a_cpu_hog_are_not_cached_and_serve_as_fast(bund
             assert quiet.time(chosen, phase) <= 1.1 * quiet.time(idle_choice, phase), (phase, chosen, idle_choice)
 
 
+@pytest.mark.slow
 def test_engines_timed_beside_a_cpu_hog_are_not_cached_and_serve_as_fast(bundled_model, bundled_source, cache_dir,
                                                                           tmp_path, caplog):
     from workers.decoders.ort.graph import build

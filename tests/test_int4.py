@@ -73,6 +73,7 @@ def wide_rows_qwen(tmp_path_factory, bundled_tokenizer):
     return path
 
 
+@pytest.mark.slow
 def test_4_bit_weights_serve_in_the_widest_blocks_within_two_points_of_blocks_of_32(tmp_path, wide_rows_qwen):
     """Blocks of 32 measured first, then 128 (``workers.tuning.block_choice.choose_4bit``): on
     random weights the two cost about the same, so 128 serves, and the app says which and why. The

@@ -71,6 +71,7 @@ def fp32_reference(bundled_model, cache_dir, text_ids):
     return perplexity(decoder, text_ids), prefill_logits(decoder, text_ids, range(40, 200, 16))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(KERNELS))
 def test_every_kernel_keeps_the_bundled_models_quality(name, bundled_model, cache_dir, text_ids, fp32_reference):
     """Decode path: perplexity within 2% of fp32. Each prefill path: the same next-token

@@ -12,6 +12,8 @@ import os
 import random
 import signal
 
+import pytest
+
 from app.dispatch.policy import WorkerState
 from tests.e2e import wait_gone
 from tests.pool import Pool, wait_ready
@@ -40,6 +42,7 @@ async def one_request(dispatcher, rng: random.Random) -> Done | Failed:
     return finals[0]
 
 
+@pytest.mark.slow
 def test_twenty_kills_under_eight_clients_end_every_request_and_heal_the_pool(bundled_source):
     pool = Pool(bundled_source, max_batch=2, max_queue=64)
     dispatcher = pool.dispatcher

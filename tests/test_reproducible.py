@@ -50,6 +50,7 @@ def ask(url: str, question: str, seed: int | None = None) -> str:
     return response.json()["choices"][0]["message"]["content"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_sixteen_concurrent_greedy_answers_equal_their_solo_answers(tmp_path, layout):
     asks = [(q, None) for q in QUESTIONS] + [(q, 7 + i) for i, q in enumerate(QUESTIONS[:4])]  # + 4 seeded

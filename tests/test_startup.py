@@ -68,6 +68,7 @@ def test_the_log_has_a_line_per_worker_loading_and_ready(loading_app):
     assert "1/2 workers ready" in log and "2/2 workers ready" in log
 
 
+@pytest.mark.slow
 def test_the_page_and_health_say_what_is_being_prepared_before_workers_start(tmp_path):
     """An empty cache: the bundled GGUF must be converted again (~17 s). The server already
     answers meanwhile, and says so, each stage done with its time; then it serves as usual."""
