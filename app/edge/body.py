@@ -5,9 +5,9 @@ that is not ``application/json`` gets a 415 before it is read: a web page may PO
 ``text/plain`` to 127.0.0.1 from any site without the browser asking first, but not JSON.
 Decoding, validation and translation run off the event loop, one body at a time (``Lane``): a
 megabytes-long history must not hold up the loop (the page, /health, everyone's streams) while
-it is parsed. A field the dialect does
-not have gets a 400 naming it (``FieldError``), as OpenAI answers; NaN or infinity a 400
-naming the field; anything else out of range a 422 naming each field, as FastAPI's.
+it is parsed. A field the dialect does not have gets a 400 naming it (``FieldError``), as
+OpenAI answers; NaN or infinity a 400 naming the field; anything else out of range a 422
+naming each field, as FastAPI's.
 """
 
 from __future__ import annotations
