@@ -3,7 +3,7 @@ close enough to it, is clearly faster; what each engine offers; what a forced on
 
 import pytest
 
-from workers.decoders.kv_choice import GAIN, KL_BOUND, KvTiming, candidates, forced, pick
+from workers.decoders.kv_choice import GAIN, KL_BOUND, PREFILL_SLACK, KvTiming, candidates, forced, pick
 from workers.spec import EngineSpec
 
 pytestmark = pytest.mark.unit
@@ -24,6 +24,15 @@ def test_the_engines_own_cache_serves_unless_another_is_clearly_faster():
     assert barely.step_ms > GAIN * own.step_ms > barely.step_ms - 0.1
     assert pick({"float32": own, "int8": barely}) == "float32"
     assert pick({"float32": own, "int8": KvTiming(30.0, 40.0, 80.0, 0.0)}) == "float32"
+
+
+def test_a_cache_that_slows_a_long_conversations_next_turn_is_not_kept_however_fast_it_steps():
+    """Zen 5's figures: onnxruntime's int8 cache steps faster, but prefills a next turn 1.75x slower."""
+    own = KvTiming(10.4, 13.2, 29.7, 0.0, prefill_ms=411.0)
+    assert pick({"float32": own, "int8": KvTiming(10.1, 12.2, 22.2, 0.002, prefill_ms=719.0)}) == "float32"
+    within = KvTiming(10.1, 12.2, 22.2, 0.002, prefill_ms=PREFILL_SLACK * own.prefill_ms - 1)
+    assert pick({"float32": own, "int8": within}) == "int8"
+    assert "256 tokens on 1024 411 ms" in own.summary()
 
 
 def test_a_cache_too_far_from_the_engines_own_is_never_kept_however_fast():

@@ -9,13 +9,19 @@ it widens whole on every call, so it is not offered); the lean decoder's attenti
 (``workers.decoders.lean.model._attend``), fast where the CPU has that arithmetic. So each
 candidate (``candidates``) is loaded as a worker loads it, in a process pinned and threaded
 like one (``workers.tuning.pinned.run_pinned``), and timed on decode steps of one reply at a
-short and a long context and of a full batch at the long one, in alternating rounds (the
-fastest round counts: other work only slows a round down); and checked against the engine's own cache on the
-held-out part of a sample conversation (``workers.decoders.ort.kv.sample_ids``): the mean KL
-of its next-token distributions. ``pick`` keeps the fastest (a reply's step, half alone over
-both contexts, half in a full batch: as ``workers.tuning.engine_choice`` weighs a turn) among
-those within ``KL_BOUND``, and only where it beats the engine's own cache by ``GAIN``. A batch
-reads every reply's cache beside the weights once: that is where a smaller cache pays most.
+short and a long context and of a full batch at the long one, and on the next turn of a long
+conversation (``NEXT_TURN`` new tokens on ``LONG`` of context: its first token's wait), in
+alternating rounds (the fastest round counts: other work only slows a round down); and checked
+against the engine's own cache on the held-out part of a sample conversation
+(``workers.decoders.ort.kv.sample_ids``): the mean KL of its next-token distributions. ``pick``
+keeps the fastest step (a reply's step, half alone over both contexts, half in a full batch: as
+``workers.tuning.engine_choice`` weighs a turn) among those within ``KL_BOUND`` that keep the
+next turn's prefill within ``PREFILL_SLACK`` of the engine's own cache's, and only where it beats
+that cache by ``GAIN``. A batch reads every reply's cache beside the weights once: that is
+where a smaller cache pays most. The prefill guard is there because the first token comes
+first: onnxruntime's attention over an int8 cache decoded 3-8% faster alone and 25% in a full
+batch on Zen 5, but prefilled 256 tokens on 1,024 of context in 719 ms against float32's 411,
+and a 1,500-token document's first token took 3.6 s against 2.0 (Qwen1.5-0.5B shape).
 
     spec = choose(spec, layout, cache_dir, max_batch)   # spec.kv: "int8", say; spec.summary says why
 
@@ -40,8 +46,10 @@ from workers.spec import EngineKind, EngineSpec
 
 log = logging.getLogger(__name__)
 
-VERSION = 2  # bump when what a candidate costs changes (2: a full batch timed too)
+VERSION = 3  # bump when what a candidate costs changes (2: a full batch timed too; 3: a next turn's prefill)
 SHORT, LONG = 128, 1024  # tokens of context of the steps timed
+NEXT_TURN = 256  # new tokens prefilled on LONG of context: a long conversation's next turn
+PREFILL_SLACK = 1.1  # a smaller cache may take at most this much of the own cache's next-turn prefill
 STEPS, ROUNDS = 6, 7  # steps per sample; rounds, the candidates alternating: the fastest sample of each
 # counts (other work on the cores only ever slows a sample down)
 KL_BOUND = 0.02  # mean nats a candidate's next-token distributions may lie from the engine's own cache's
@@ -58,6 +66,7 @@ class KvTiming:
     long_ms: float  # at LONG
     batch_ms: float  # a step of a full batch, each reply at LONG
     kl: float  # mean KL (nats) from the engine's own cache's next-token distributions
+    prefill_ms: float = 0.0  # NEXT_TURN new tokens prefilled on LONG of context
 
     @property
     def step_ms(self) -> float:
@@ -66,7 +75,8 @@ class KvTiming:
 
     def summary(self) -> str:
         return (f"step {self.short_ms:.1f} ms at {SHORT} tokens, {self.long_ms:.1f} ms at {LONG}, "
-                f"{self.batch_ms:.1f} ms in a full batch; KL {self.kl:.4f}")
+                f"{self.batch_ms:.1f} ms in a full batch; {NEXT_TURN} tokens on {LONG} {self.prefill_ms:.0f} ms; "
+                f"KL {self.kl:.4f}")
 
 
 def own(spec: EngineSpec) -> str:
@@ -117,10 +127,12 @@ def choose(spec: EngineSpec, layout: WorkerLayout, cache_dir: Path, max_batch: i
 
 
 def pick(timings: dict[str, KvTiming]) -> str:
-    """The engine's own cache (the first), unless another within ``KL_BOUND`` steps faster by ``GAIN``."""
+    """The engine's own cache (the first), unless another within ``KL_BOUND``, whose next-turn
+    prefill is within ``PREFILL_SLACK`` of the first's, steps faster by ``GAIN``."""
     first, *others = timings
-    best = min((kv for kv in others if timings[kv].kl <= KL_BOUND), key=lambda kv: timings[kv].step_ms,
-               default=first)
+    kept = [kv for kv in others if timings[kv].kl <= KL_BOUND
+            and timings[kv].prefill_ms <= PREFILL_SLACK * timings[first].prefill_ms]
+    best = min(kept, key=lambda kv: timings[kv].step_ms, default=first)
     return best if timings[best].step_ms <= GAIN * timings[first].step_ms else first
 
 
@@ -145,9 +157,9 @@ def measure(spec: EngineSpec, offered: tuple[str, ...], layout: WorkerLayout, ca
 
 def time_kv(spec: EngineSpec, offered: tuple[str, ...], threads: int, max_batch: int = 4) -> dict[str, KvTiming]:
     """Load each of ``offered`` as a worker would (in a process already pinned), time its decode
-    steps at ``SHORT`` and ``LONG`` tokens of context and of ``max_batch`` replies at ``LONG`` (the
-    candidates alternating, round by round) and check it against the first on the sample's
-    held-out part."""
+    steps at ``SHORT`` and ``LONG`` tokens of context and of ``max_batch`` replies at ``LONG``, and
+    ``NEXT_TURN`` tokens prefilled on ``LONG`` (the candidates alternating, round by round), and
+    check it against the first on the sample's held-out part."""
     from workers.decoders.lean.kernels import set_thread_env
 
     if spec.kernel:
@@ -162,7 +174,7 @@ def time_kv(spec: EngineSpec, offered: tuple[str, ...], threads: int, max_batch:
     decoders = {kv: loaded[kv].decoder for kv in offered}
     _, held_out = sample_ids(loaded[offered[0]].tokenizer)
     check = torch.tensor((held_out * 2)[: CHECK_PROMPT + CHECK_STEPS])
-    filler = torch.randint(10, 1000, (LONG,), generator=torch.Generator().manual_seed(0))
+    filler = torch.randint(10, 1000, (LONG + NEXT_TURN,), generator=torch.Generator().manual_seed(0))
     tokens = torch.tensor([11] * max_batch)
 
     with torch.no_grad():
@@ -170,7 +182,7 @@ def time_kv(spec: EngineSpec, offered: tuple[str, ...], threads: int, max_batch:
         for kv, decoder in decoders.items():
             for context in (SHORT, LONG):
                 cache = decoder.new_cache()
-                cache.reserve(context + STEPS + 1)
+                cache.reserve(context + max(STEPS, NEXT_TURN) + 1)
                 for start in range(0, context, 256):
                     decoder.forward(filler[start : min(context, start + 256)], cache, logits=False)
                 caches[kv, f"{context}"] = [cache]
@@ -178,6 +190,7 @@ def time_kv(spec: EngineSpec, offered: tuple[str, ...], threads: int, max_batch:
             caches[kv, "batch"] = [long] + [long.copy_prefix(LONG, LONG + STEPS + 1) for _ in range(max_batch - 1)]
             decoder.forward_batch(tokens, caches[kv, "batch"])  # warm
         samples: dict[tuple[str, str], list[float]] = {key: [] for key in caches}
+        samples.update({(kv, "prefill"): [] for kv in offered})
         for round_ in range(ROUNDS):
             for kv in offered if round_ % 2 == 0 else offered[::-1]:
                 for which, context in ((f"{SHORT}", SHORT), (f"{LONG}", LONG), ("batch", LONG)):
@@ -188,11 +201,17 @@ def time_kv(spec: EngineSpec, offered: tuple[str, ...], threads: int, max_batch:
                     for _ in range(STEPS):
                         decoders[kv].forward_batch(tokens[: len(together)], together)
                     samples[kv, which].append((time.perf_counter() - started) * 1000 / STEPS)
+                conversation = caches[kv, f"{LONG}"][0]
+                conversation.truncate(LONG)
+                started = time.perf_counter()
+                decoders[kv].forward(filler[LONG:], conversation)  # the next turn, to its first token's logits
+                samples[kv, "prefill"].append((time.perf_counter() - started) * 1000)
         del caches
         logprobs = {kv: _check(decoder, check) for kv, decoder in decoders.items()}
     reference = logprobs[offered[0]]
     return {kv: KvTiming(min(samples[kv, f"{SHORT}"]), min(samples[kv, f"{LONG}"]), min(samples[kv, "batch"]),
-                         float((reference.exp() * (reference - logprobs[kv])).sum(-1).mean()))
+                         float((reference.exp() * (reference - logprobs[kv])).sum(-1).mean()),
+                         min(samples[kv, "prefill"]))
             for kv in offered}
 
 
