@@ -118,10 +118,10 @@ def choose(spec: EngineSpec, layout: WorkerLayout, cache_dir: Path, max_batch: i
         log.warning("Could not measure the KV cache dtypes (%s); keeping %s.", exc, own(spec))
         return spec
     kv = pick(timings)
-    log.info("KV cache dtypes measured: %s; keeping %s.",
-             "; ".join(f"{name}: {t.summary()}" for name, t in timings.items()), kv)
-    if kv == own(spec):
-        return spec
+    figures = "; ".join(f"{name}: {t.summary()}" for name, t in timings.items())
+    log.info("KV cache dtypes measured: %s; keeping %s.", figures, kv)
+    if kv == own(spec):  # said too: /health and the panel show why the smaller cache is not used
+        return spec.with_kv(spec.kv, f"; KV cache {kv} kept, measured ({figures})")
     return spec.with_kv(kv, f"; KV cache {kv} measured fastest ({timings[kv].summary()}; "
                             f"{own(spec)}: {timings[own(spec)].summary()})")
 
