@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--against", type=Path, help="another checkout, run alternately with this one")
     args = p.parse_args(argv)
-    trees = {"this checkout": ROOT} | ({f"{args.against}": args.against.resolve()} if args.against else {})
+    trees = {"this checkout": ROOT} | ({str(args.against): args.against.resolve()} if args.against else {})
     machine = describe_machine()
     runs = []
     for r in range(args.repeats):
