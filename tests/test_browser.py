@@ -91,6 +91,13 @@ def wait_for(condition, timeout_s: float, every_s: float = 0.05):
     raise AssertionError(f"not within {timeout_s} s: {condition.__doc__ or condition}")
 
 
+def visible(locator, timeout_s: float = 10) -> bool:
+    """Wait until the first match is shown. Gradio draws a block's label a frame or more after the
+    chat box, so a check made at once can run before the text is on the page."""
+    locator.first.wait_for(state="visible", timeout=timeout_s * 1000)
+    return True
+
+
 def in_view(page, locator) -> bool:
     """Whether the element is inside the window as it is, unscrolled: a newcomer sees it."""
     box, size = locator.bounding_box(), page.viewport_size
@@ -191,7 +198,7 @@ def test_the_workers_and_speed_section_opens_to_show_the_workers(app, page):
         assert NAMES[name] in panel.inner_text()
     assert "prefill of 128 tokens" in panel.inner_text()
     assert "Model: SmolLM2-135M-Instruct" in panel.inner_text() and "asked for with --model bundled" in panel.inner_text()
-    assert page.get_by_text("Decode tokens/s per worker").first.is_visible()
+    assert visible(page.get_by_text("Decode tokens/s per worker"))
     for plot in ("#tps-plot", "#ttft-plot"):  # drawn, though the section was closed when the page loaded
         wait_for(lambda plot=plot: "worker 1" in page.locator(plot).inner_text(), 5)
     page.screenshot(path=OUTPUT / "2-workers.png", full_page=True)

@@ -29,6 +29,7 @@ from tests.test_browser import (
     send,
     set_control,
     text_lines,
+    visible,
     wait_for,
 )
 from tests.e2e import running_app
@@ -82,10 +83,10 @@ def answered(page, count: int) -> str:
 def test_the_page_speaks_the_browsers_language(browser, thinking_app, locale, words):
     context, page = open_page(browser, thinking_app, locale)
     try:
-        assert page.get_by_text(words["settings"]).first.is_visible()
+        assert visible(page.get_by_text(words["settings"]))
         wait_for(lambda: words["banner"] in page.locator("#model-banner").inner_text(), 10)
         panel = open_section(page, words["section"])
-        assert page.get_by_text(words["plot"]).first.is_visible()
+        assert visible(page.get_by_text(words["plot"]))
         wait_for(lambda: words["panel"] in panel.inner_text(), 10)
         assert words["kernels"] in panel.inner_text()  # transformers serves: the dense kernel measured for it
         send(page, ASK)
@@ -93,7 +94,7 @@ def test_the_page_speaks_the_browsers_language(browser, thinking_app, locale, wo
         assert words["stats"] in reply
         for plot in ("#tps-plot", "#ttft-plot"):  # the reply is a point on both live plots (their legend)
             wait_for(lambda plot=plot: "worker 0" in page.locator(plot).inner_text(), 5)
-        assert page.get_by_text(words["thought"], exact=True).first.is_visible()
+        assert visible(page.get_by_text(words["thought"], exact=True))
         other = "首 token 用时" if locale.startswith("en") else "s to first token"
         assert other not in page.locator("body").inner_text()
     finally:
@@ -108,7 +109,7 @@ def test_thinking_is_shown_collapsed_and_never_goes_back_into_the_prompt(browser
         assert ANSWER in reply and THINKING not in reply  # the answer's own message holds no thinking
         title = page.get_by_text("Thinking", exact=True).first
         thought = page.get_by_text(THINKING)
-        assert title.is_visible()
+        assert visible(title)
         # collapsed above the answer: Gradio folds the block when the final update arrives, a frame
         # after the answer's stats line may already be on the page
         wait_for(lambda: not thought.first.is_visible(), 5)
@@ -205,8 +206,8 @@ def test_the_chinese_page_shows_the_chat_first_and_every_line_of_its_section_in_
             assert english not in shown, english
         lines = [line for line in shown.splitlines() if line.strip()]
         assert len(lines) >= 7 and all(CHINESE.search(line) for line in lines), lines  # no line left in English
-        assert page.get_by_text("最近 5 分钟的速度").first.is_visible()
-        assert page.get_by_text("各 worker 的首 token 延迟（秒）").first.is_visible()
+        assert visible(page.get_by_text("最近 5 分钟的速度"))
+        assert visible(page.get_by_text("各 worker 的首 token 延迟（秒）"))
         OUTPUT.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=OUTPUT / "zh-workers.png", full_page=True)
     finally:
