@@ -16,16 +16,19 @@ import logging
 import os
 import time
 
-from app.config import load_config
-from app.prepare import prepare_model
-from app.startup import Startup
 from tests.conftest import CACHE_DIR
-from workers.host.cores import physical_cores, plan_layout
 
 THREADS = (1, 2)  # what the tests' workers run on (--threads-per-worker)
 
 
 def main() -> None:
+    # Imported here, not above: every measuring process this spawns imports this module first,
+    # and these load torch (0.8 s a process, and before the process could set its thread env).
+    from app.config import load_config
+    from app.prepare import prepare_model
+    from app.startup import Startup
+    from workers.host.cores import physical_cores, plan_layout
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cores = physical_cores()
     for threads in THREADS:

@@ -42,7 +42,7 @@ class Recorded:
                              on_message=lambda _, msg: self.messages.append(msg),
                              on_exit=lambda _, code, reason: self.exits.put_nowait((code, reason, time.monotonic())),
                              on_spawn=lambda _: None, heartbeat_timeout_s=TIMEOUT_S)
-        spec = SimpleNamespace(mode=mode, beat_s=beat_s, engine=SimpleNamespace(model_name="nothing"))
+        spec = SimpleNamespace(mode=mode, beat_s=beat_s, engine=SimpleNamespace(model_name="nothing", kernel=None))
         self.pool.start(asyncio.get_running_loop(), {0: spec})
         self.worker = self.pool.workers[0]
 

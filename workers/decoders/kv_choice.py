@@ -141,6 +141,7 @@ def measure(spec: EngineSpec, offered: tuple[str, ...], layout: WorkerLayout, ca
             max_batch: int = 4) -> dict[str, KvTiming]:
     """Every candidate's timing: cached per machine, engine, model, threads and batch size, else
     measured in a fresh pinned process."""
+    from workers.decoders.lean.kernels import passive_omp
     from workers.tuning.pinned import run_pinned
 
     config = Path(spec.model_path) / "config.json"
@@ -151,7 +152,8 @@ def measure(spec: EngineSpec, offered: tuple[str, ...], layout: WorkerLayout, ca
     path = cache_dir / "kv-dtype" / f"{key}.json"
     if path.is_file():
         return {kv: KvTiming(**t) for kv, t in json.loads(path.read_text()).items()}
-    timings = run_pinned(layout, time_kv, spec, offered, layout.threads, max_batch)
+    timings = run_pinned(layout, time_kv, spec, offered, layout.threads, max_batch,
+                         passive_omp=passive_omp(spec.kernel))
     publish_json(path, {kv: dataclasses.asdict(t) for kv, t in timings.items()})
     return timings
 

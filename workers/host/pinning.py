@@ -1,6 +1,8 @@
 """Give this process its worker's cores and thread budget, and tie its life to its parent's.
 
-Both run before torch is imported: OpenMP reads its thread count once, when it loads.
+OpenMP reads its thread count and wait policy once, when torch loads: so they are in the
+environment a worker or a measuring process is started with (``started_with``), and set again
+before torch is imported in it (``pin_to_cores``).
 """
 
 from __future__ import annotations
@@ -8,17 +10,54 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from workers.host.cores import PhysicalCore, WorkerLayout
 
 PR_SET_PDEATHSIG = 1
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+_environ = threading.Lock()  # os.environ is the whole process's: one child started at a time
+
+
+def thread_env(threads: int, passive_omp: bool = False) -> dict[str, str]:
+    """The variables a process on ``threads`` threads starts with (``passive_omp``: OpenMP's
+    idle threads sleep at once, for a kernel whose other thread pool they would spin against)."""
+    env = {var: str(threads) for var in THREAD_VARS}
+    if passive_omp:
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
+    return env
+
+
+@contextmanager
+def started_with(env: Mapping[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``env`` while a child process is started in this block, then as it was.
+
+    A child of the spawn start method imports its parent's main module before it runs its
+    target. When that module imports torch (``tests.warm_cache`` did, through ``app.prepare``),
+    OpenMP has read its environment before the target could set it: a measuring process then
+    kept OpenMP's spinning threads beside onnxruntime's pool, its own threads took the two cores
+    from each other, and every 2-thread kernel verdict read as a busy machine ("threads waited
+    for a core during 6 of 6 samples (105% of the time)") and was never cached. The environment
+    a process is started with is there before any import."""
+    with _environ:
+        saved = {var: os.environ.get(var) for var in env}
+        os.environ.update(env)
+        try:
+            yield
+        finally:
+            for var, value in saved.items():
+                if value is None:
+                    os.environ.pop(var, None)
+                else:
+                    os.environ[var] = value
 
 
 def pin_to_cores(layout: WorkerLayout) -> None:
     """Affinity and thread env for this process; call before torch is imported."""
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[var] = str(layout.threads)
+    os.environ.update(thread_env(layout.threads))
     os.sched_setaffinity(0, layout.cpus)
 
 

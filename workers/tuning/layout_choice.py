@@ -33,6 +33,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from workers.decoders.lean.kernels import passive_omp
 from workers.host.cores import PhysicalCore, plan_layout
 from workers.host.machine import machine_id
 from workers.host.publish import publish_json
@@ -181,7 +182,8 @@ def time_layout(spec: EngineSpec, cores: list[PhysicalCore], workers: int, threa
     per_worker = -(-streams // workers)
     barrier = multiprocess.get_context("spawn").Barrier(workers)
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        futures = [pool.submit(run_pinned, layout, time_worker, spec, threads, per_worker, i == 0, barrier)
+        futures = [pool.submit(run_pinned, layout, time_worker, spec, threads, per_worker, i == 0, barrier,
+                               passive_omp=passive_omp(spec.kernel))
                    for i, layout in enumerate(layouts)]
         try:
             results = [f.result() for f in futures]

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from workers.host.cores import WorkerLayout
+from workers.host.pinning import pin_to_cores, started_with, thread_env
 
 
 class ProcessDied(RuntimeError):
@@ -52,7 +53,8 @@ def run_pinned(layout: WorkerLayout, target: Callable, *args, passive_omp: bool 
     parent, child = ctx.Pipe(duplex=False)
     process = ctx.Process(target=_run_pinned, daemon=True, name="calibration",
                           args=(layout, passive_omp, notes, target, args, child))
-    process.start()
+    with started_with(thread_env(layout.threads, passive_omp)):
+        process.start()
     child.close()
     during = None
     try:
@@ -68,8 +70,6 @@ def run_pinned(layout: WorkerLayout, target: Callable, *args, passive_omp: bool 
 
 
 def _run_pinned(layout: WorkerLayout, passive_omp: bool, notes: bool, target: Callable, args: tuple, conn) -> None:
-    from workers.host.pinning import pin_to_cores
-
     pin_to_cores(layout)
     if passive_omp:
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
