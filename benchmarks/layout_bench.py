@@ -7,7 +7,7 @@ all of them) on the spec the app itself prepares for the model here (``app.prepa
 medians with min–max over the rounds, and each worker's proportional memory (PSS: the weights
 mapped from one file count once across workers).
 
-    python -m benchmarks layouts [--model bundled] [--rounds 3]
+    python -m benchmarks layouts [--model bundled] [--rounds 3] [--name layouts]
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="bundled")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--streams", type=int, default=4, help="streams at once for the aggregate (max_batch)")
+    parser.add_argument("--name", default="layouts", help="the results' file name (e.g. layouts-qwen-shape)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     cores = physical_cores()
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         f"(`auto_workers`): {rule} worker(s).",
         "",
     ])
-    save(machine, "layouts", {"machine": machine, "model": spec.model_name, "spec": spec.summary,
+    save(machine, args.name, {"machine": machine, "model": spec.model_name, "spec": spec.summary,
                               "streams": args.streams, "rounds": args.rounds, "layouts": rows,
                               "auto_workers": rule}, text)
     return 0
