@@ -4,8 +4,9 @@ Every server the tests start on the bundled model reads its conversion, kernel a
 verdicts, weights and graph from the user cache (keyed by machine and content: a stale one is
 never reused). Measured while another test file's server measures beside it, those verdicts are
 in doubt and never cached (``workers.tuning.steady``), so on a fresh machine every server would
-measure again, minutes each. Here they are measured once, alone, for the two thread budgets the
-tests' workers run on; on a warm cache this takes seconds.
+measure again, minutes each. Here they are measured once, alone, for the thread budgets and
+batch sizes of the servers that start side by side (a verdict is per both); on a warm cache this
+takes seconds.
 
     .venv/bin/python -m tests.warm_cache
 """
@@ -18,7 +19,10 @@ import time
 
 from tests.conftest import CACHE_DIR
 
-THREADS = (1, 2)  # what the tests' workers run on (--threads-per-worker)
+# (--threads-per-worker, --max-batch) of the servers that start side by side: the defaults' 4 for
+# most, 1 for the page's (tests/test_browser.py, tests/test_page_languages.py). The alone phase's
+# servers measure on a quiet machine and cache what they measured themselves.
+SERVERS = ((1, 4), (2, 4), (1, 1))
 
 
 def main() -> None:
@@ -31,13 +35,14 @@ def main() -> None:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cores = physical_cores()
-    for threads in THREADS:
+    for threads, max_batch in SERVERS:
         began = time.monotonic()
         config = load_config(overrides={"model": "bundled", "workers": 1, "threads_per_worker": threads,
-                                        "cache_dir": str(CACHE_DIR)})
+                                        "max_batch": max_batch, "cache_dir": str(CACHE_DIR)})
         layout = plan_layout(cores, 1, threads, allow_oversubscribe=True)[0]
         spec = prepare_model(config, layout, Startup())
-        print(f"warm: {threads} thread(s): {spec.summary} ({time.monotonic() - began:.1f} s)", flush=True)
+        print(f"warm: {threads} thread(s), batches of {max_batch}: {spec.summary} "
+              f"({time.monotonic() - began:.1f} s)", flush=True)
 
 
 if __name__ == "__main__":
