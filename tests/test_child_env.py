@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 MAIN = """
@@ -36,15 +38,18 @@ if __name__ == "__main__":
 """
 
 
-def test_a_child_whose_parent_imported_torch_starts_with_its_openmp_policy(tmp_path):
+@pytest.mark.parametrize("users_policy", [None, "ACTIVE"])
+def test_a_child_whose_parent_imported_torch_starts_with_its_openmp_policy(tmp_path, users_policy):
+    """PASSIVE for a kernel that wants it, unless the user set a policy: theirs stands."""
     script = tmp_path / "main_with_torch.py"
     script.write_text(MAIN)
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMP_")}
+    env |= {"OMP_WAIT_POLICY": users_policy} if users_policy else {}
     done = subprocess.run([sys.executable, str(script)], cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)},
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     child, parent_after = (json.loads(line) for line in done.stdout.strip().splitlines()[-2:])
     assert child["torch_before_target"], "the premise: the child loaded torch before its target ran"
-    assert child["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert child["OMP_WAIT_POLICY"] == (users_policy or "PASSIVE")
     assert child["OMP_NUM_THREADS"] == "1"
-    assert parent_after == {"OMP_WAIT_POLICY": None, "OMP_NUM_THREADS": None}, "the parent's own env is kept"
+    assert parent_after == {"OMP_WAIT_POLICY": users_policy, "OMP_NUM_THREADS": None}, "the parent's env is kept"

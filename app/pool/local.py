@@ -51,7 +51,7 @@ import multiprocess
 
 from workers.decoders.lean.kernels import passive_omp
 from workers.host.cores import WorkerLayout
-from workers.host.pinning import started_with, thread_env
+from workers.host.pinning import started_with
 from workers.process import run_worker
 from workers.spec import WorkerSpec
 from workers.protocol import FromWorker, Heartbeat, Ready, Shutdown, ToWorker
@@ -168,7 +168,7 @@ class ProcessPool:
         parent, child = self._ctx.Pipe(duplex=True)  # the worker wraps ``child`` in a Wire too
         process = self._ctx.Process(target=self.target, args=(worker.spec, child), daemon=True,
                                     name=f"chat-worker-{worker.id}")
-        with started_with(thread_env(worker.layout.threads, passive_omp(worker.spec.engine.kernel))):
+        with started_with(worker.layout.threads, passive_omp(worker.spec.engine.kernel)):
             process.start()
         child.close()  # so the parent sees EOF when the worker dies
         if worker.outbox is not None:

@@ -1,8 +1,8 @@
 """Give this process its worker's cores and thread budget, and tie its life to its parent's.
 
 OpenMP reads its thread count and wait policy once, when torch loads: so they are in the
-environment a worker or a measuring process is started with (``started_with``), and set again
-before torch is imported in it (``pin_to_cores``).
+environment a worker or a measuring process is started with (``started_with``); the thread
+count is set again before torch is imported in it (``pin_to_cores``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import ctypes
 import os
 import signal
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -19,21 +19,21 @@ from workers.host.cores import PhysicalCore, WorkerLayout
 
 PR_SET_PDEATHSIG = 1
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-_environ = threading.Lock()  # os.environ is the whole process's: one child started at a time
+_environ = threading.Lock()  # os.environ is the whole process's: the blocks of started_with take turns
 
 
-def thread_env(threads: int, passive_omp: bool = False) -> dict[str, str]:
-    """The variables a process on ``threads`` threads starts with (``passive_omp``: OpenMP's
-    idle threads sleep at once, for a kernel whose other thread pool they would spin against)."""
-    env = {var: str(threads) for var in THREAD_VARS}
-    if passive_omp:
-        env["OMP_WAIT_POLICY"] = "PASSIVE"
-    return env
+def thread_env(threads: int) -> dict[str, str]:
+    """The thread counts of a process on ``threads`` threads."""
+    return {var: str(threads) for var in THREAD_VARS}
 
 
 @contextmanager
-def started_with(env: Mapping[str, str]) -> Iterator[None]:
-    """``os.environ`` with ``env`` while a child process is started in this block, then as it was.
+def started_with(threads: int, passive_omp: bool = False) -> Iterator[None]:
+    """``os.environ`` with ``thread_env(threads)`` while a child process is started in this
+    block, then as it was; with ``passive_omp`` (OpenMP's idle threads sleep at once, for a
+    kernel whose other thread pool they would spin against) also ``OMP_WAIT_POLICY=PASSIVE``,
+    unless the user set a policy: theirs stands, as in the child (``kernels.set_thread_env``).
+    Decided under the lock, so one block's variables never pass for the user's in another.
 
     A child of the spawn start method imports its parent's main module before it runs its
     target. When that module imports torch (``tests.warm_cache`` did, through ``app.prepare``),
@@ -43,9 +43,12 @@ def started_with(env: Mapping[str, str]) -> Iterator[None]:
     for a core during 6 of 6 samples (105% of the time)") and was never cached. The environment
     a process is started with is there before any import."""
     with _environ:
+        env = thread_env(threads)
+        if passive_omp and "OMP_WAIT_POLICY" not in os.environ:
+            env["OMP_WAIT_POLICY"] = "PASSIVE"
         saved = {var: os.environ.get(var) for var in env}
-        os.environ.update(env)
         try:
+            os.environ.update(env)
             yield
         finally:
             for var, value in saved.items():

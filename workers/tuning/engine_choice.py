@@ -167,8 +167,7 @@ def measure(candidates: dict[str, EngineSpec], layout: WorkerLayout, max_batch: 
                     100 * busy, time.time() - in_doubt.stat().st_mtime)
         return {name: EngineTiming(**{**t, "doubts": tuple(t["doubts"])})
                 for name, t in json.loads(in_doubt.read_text()).items()}
-    timings = {name: run_pinned(layout, time_engine, c, layout.threads, max_batch,
-                                     passive_omp=passive_omp(c.kernel))
+    timings = {name: run_pinned(layout, time_engine, c, layout.threads, max_batch, passive_omp=passive_omp(c.kernel))
                for name, c in candidates.items()}
     doubts = [f"{name}: {d}" for name, t in timings.items() for d in t.doubts]
     if doubts:

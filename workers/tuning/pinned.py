@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from workers.host.cores import WorkerLayout
-from workers.host.pinning import pin_to_cores, started_with, thread_env
+from workers.host.pinning import pin_to_cores, started_with
 
 
 class ProcessDied(RuntimeError):
@@ -53,7 +53,7 @@ def run_pinned(layout: WorkerLayout, target: Callable, *args, passive_omp: bool 
     parent, child = ctx.Pipe(duplex=False)
     process = ctx.Process(target=_run_pinned, daemon=True, name="calibration",
                           args=(layout, passive_omp, notes, target, args, child))
-    with started_with(thread_env(layout.threads, passive_omp)):
+    with started_with(layout.threads, passive_omp):
         process.start()
     child.close()
     during = None
@@ -71,8 +71,8 @@ def run_pinned(layout: WorkerLayout, target: Callable, *args, passive_omp: bool 
 
 def _run_pinned(layout: WorkerLayout, passive_omp: bool, notes: bool, target: Callable, args: tuple, conn) -> None:
     pin_to_cores(layout)
-    if passive_omp:
-        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    if passive_omp:  # a policy the user set stands, as in a worker (kernels.set_thread_env)
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     kwargs = {"note": lambda what: conn.send(Note(what))} if notes else {}
     try:
         conn.send(target(*args, **kwargs))
