@@ -24,6 +24,7 @@ import contextlib
 import logging
 import secrets
 import threading
+from collections.abc import Callable
 
 import gradio as gr
 import uvicorn
@@ -74,8 +75,10 @@ def build_dispatcher(config: AppConfig) -> Dispatcher:
     ), pool_factory=pool_factory(config))
 
 
-def start_in_background(config: AppConfig, dispatcher: Dispatcher, startup: Startup) -> None:
-    """Prepare the model in a daemon thread, then start the workers on the event loop.
+def start_in_background(config: AppConfig, dispatcher: Dispatcher, startup: Startup,
+                        prepared: Callable[[], None] = lambda: None) -> None:
+    """Prepare the model in a daemon thread, then start the workers on the event loop; then, or
+    on a failure, ``prepared()`` on the loop.
 
     A failure here is logged, shown on the page and in /health (``startup_error``), and every
     request is answered with it — the server keeps running rather than exiting: whoever opened
@@ -91,10 +94,12 @@ def start_in_background(config: AppConfig, dispatcher: Dispatcher, startup: Star
             dispatcher.relayout(layouts)
         dispatcher.start(engine)
         startup.finish(f"{len(dispatcher.workers)} worker(s) loading {engine.model_name}")
+        prepared()
 
     def failed(message: str) -> None:
         startup.fail(message)
         dispatcher.fail_start(message)
+        prepared()
 
     def run() -> None:
         try:
@@ -119,7 +124,7 @@ def build_app(config: AppConfig, dispatcher: Dispatcher, auth: Login | None = No
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
-        start_in_background(config, dispatcher, startup)
+        start_in_background(config, dispatcher, startup, prepared=lambda: quiet_when_idle(demo))
         try:
             yield
         finally:
@@ -135,7 +140,7 @@ def build_app(config: AppConfig, dispatcher: Dispatcher, auth: Login | None = No
     demo.delete_cache = (config.delete_uploads_after_s,) * 2  # (how often, how old): Gradio deletes old uploads
     app = gr.mount_gradio_app(app, demo, path="/", auth=auth.creds if auth else None, i18n=page_i18n(),
                               max_file_size=int(config.max_upload_mb * 2**20))  # the page takes no files
-    quiet_when_idle(demo)
+    quiet_when_idle(demo, preparing=True)  # until the model is prepared (start_in_background)
     if auth:
         app.add_middleware(PageLoginThrottle, login=auth)
     if config.host in LOOPBACK_HOSTS and not config.share:

@@ -7,7 +7,9 @@ answered; the log has one line per worker as it starts loading and as it becomes
 from __future__ import annotations
 
 import json
+import re
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -27,6 +29,17 @@ def wait_until(condition, timeout_s: float = 120) -> bool:
             return False
         time.sleep(0.2)
     return True
+
+
+def loop_wakeups_per_s(pid: int, window_s: float = 2.0) -> float:
+    """How often the server's event loop (its main thread) woke up: its voluntary context switches."""
+    def switches() -> int:
+        status = Path(f"/proc/{pid}/task/{pid}/status").read_text()
+        return int(re.search(r"^voluntary_ctxt_switches:\s+(\d+)", status, re.M).group(1))
+
+    before = switches()
+    time.sleep(window_s)
+    return (switches() - before) / window_s
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +99,11 @@ def test_the_page_and_health_say_what_is_being_prepared_before_workers_start(tmp
         assert "0/1 workers ready" in panel and "preparing the model: converting" in panel, panel
         assert "<sub>Done: Starting" in panel and " · finding bundled " in panel, panel  # each with its seconds
         assert "Preparing the model" in page.predict(api_name="/banner")
+        # While it measures, the page's queue polls slowly: its wake-ups took the cores from the
+        # measuring process (``app.page.ui.quiet_when_idle``); once ready, at its usual pace.
+        assert wait_until(lambda: "measuring" in app.health()["startup"]["stage"], 300), app.log()
+        measuring = loop_wakeups_per_s(app.process.pid)
+        assert "measuring" in app.health()["startup"]["stage"]  # the window fell within the measurements
 
         # Everything is prepared from nothing: the conversion, the kernels, the graph, the
         # engines, each measured. ~2 min here; on a busy CI machine 3 min were not enough.
@@ -96,6 +114,8 @@ def test_the_page_and_health_say_what_is_being_prepared_before_workers_start(tmp
         assert took["converting"] > 0 and took["measuring"] > 0, took
         assert sum(s["seconds"] for s in health["startup"]["stages"]) <= time.monotonic() - launched
         assert "1/1 workers ready" in page.predict(api_name="/panel")
+        serving = loop_wakeups_per_s(app.process.pid)
+        assert measuring < serving / 2, (measuring, serving)
         reply = httpx.post(app.url + "/v1/chat/completions", timeout=120, json={
             "messages": [{"role": "user", "content": CAPITAL}],
             "temperature": 0, "max_tokens": 32}).json()
