@@ -16,7 +16,6 @@ and measures the rest (``workers.tuning.calibrate``).
 
 from __future__ import annotations
 
-import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,7 +51,7 @@ def run_pinned(layout: WorkerLayout, target: Callable, *args, passive_omp: bool 
     ctx = multiprocess.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
     process = ctx.Process(target=_run_pinned, daemon=True, name="calibration",
-                          args=(layout, passive_omp, notes, target, args, child))
+                          args=(layout, notes, target, args, child))
     with started_with(layout.threads, passive_omp):
         process.start()
     child.close()
@@ -69,10 +68,8 @@ def run_pinned(layout: WorkerLayout, target: Callable, *args, passive_omp: bool 
     return result
 
 
-def _run_pinned(layout: WorkerLayout, passive_omp: bool, notes: bool, target: Callable, args: tuple, conn) -> None:
-    pin_to_cores(layout)
-    if passive_omp:  # a policy the user set stands, as in a worker (kernels.set_thread_env)
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+def _run_pinned(layout: WorkerLayout, notes: bool, target: Callable, args: tuple, conn) -> None:
+    pin_to_cores(layout)  # the OpenMP policy is in the environment it started with (started_with)
     kwargs = {"note": lambda what: conn.send(Note(what))} if notes else {}
     try:
         conn.send(target(*args, **kwargs))
